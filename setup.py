@@ -1,0 +1,46 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+version = {}
+for line in (HERE / "skassoc" / "__init__.py").read_text().splitlines():
+    if line.startswith("__version__"):
+        exec(line, version)
+
+setup(
+    name="skassoc",
+    version=version["__version__"],
+    description=(
+        "Semi-supervised learning by association (Haeusser et al., CVPR 2017) "
+        "as a scikit-learn estimator on PyTorch"
+    ),
+    long_description=(HERE / "README.rst").read_text(),
+    long_description_content_type="text/x-rst",
+    license="BSD-3-Clause",
+    packages=find_packages(include=["skassoc", "skassoc.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "numpy>=1.23",
+        "scikit-learn>=1.6",
+        "torch>=2.2",
+        "joblib>=1.2",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "tests": [
+            "pytest>=7",
+            "pandas>=1.5",
+            "scipy>=1.9",
+            "hypothesis>=6.0",
+            "matplotlib>=3.6",
+            "ruff>=0.4",
+        ],
+        "examples": ["matplotlib>=3.6"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "License :: OSI Approved :: BSD License",
+    ],
+)

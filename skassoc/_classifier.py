@@ -1,0 +1,582 @@
+"""SemiSupervisedAssociationClassifier: the paper's recipe as an estimator."""
+
+import copy
+import math
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+from sklearn.base import (
+    BaseEstimator,
+    ClassifierMixin,
+    ClassNamePrefixFeaturesOutMixin,
+    TransformerMixin,
+    _fit_context,
+)
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ._networks import AssociationModel, auto_network_name, build_network
+from ._sampling import AssociationBatchSampler
+from ._training import (
+    TrainingConfig,
+    autocast_context,
+    default_log_interval,
+    precision_context,
+    train,
+)
+from ._validation import (
+    UNLABELED,
+    as_tensor,
+    encode_semi_supervised_labels,
+    resolve_device,
+    resolve_image_shape,
+    split_sample_shape,
+    to_model_layout,
+)
+
+__all__ = ["SemiSupervisedAssociationClassifier"]
+
+# The authors' code decays the logit layer's weights by 1e-4 for every network.
+LOGIT_L2_SCALE = 1e-4
+# Steps of max_iter="auto": the paper's 20,000 on a GPU; on a CPU, enough for
+# a useful model in minutes.
+AUTO_MAX_ITER = {"cuda": 20_000, "cpu": 2_000}
+AUTO_PREDICT_BATCH_SIZE = {"cuda": 8192, "cpu": 1024}
+
+
+class SemiSupervisedAssociationClassifier(
+    ClassifierMixin, TransformerMixin, ClassNamePrefixFeaturesOutMixin, BaseEstimator
+):
+    """Semi-supervised classifier trained by learning by association.
+
+    Labeled and unlabeled samples are embedded by one network. A walker steps
+    from the labeled embeddings to the unlabeled ones and back; the *walker
+    loss* rewards round trips that end in the class where they started, the
+    *visit loss* rewards visiting every unlabeled sample, and a linear layer
+    on the embedding is trained to classify the labeled samples.
+
+    Samples whose label is ``-1`` are unlabeled. Without unlabeled samples,
+    every sample also serves as unlabeled (the paper's "all labels" setting).
+
+    Read more in the :ref:`User Guide <user_guide>`.
+
+    Parameters
+    ----------
+    network : {"auto", "mnist", "svhn", "stl10", "mlp"} or torch.nn.Module, \
+            default="auto"
+        The embedding network. ``"mnist"``, ``"svhn"`` and ``"stl10"`` are the
+        paper's convolutional networks (raw pixels 0..255 as input), ``"mlp"``
+        a fully connected network for feature vectors, which standardises its
+        input with statistics learned in ``fit``. ``"auto"`` picks the SVHN
+        network for 32x32 images, STL-10 for 96x96, MNIST for other images of
+        at least 8x8 pixels and the MLP for feature rows. A ``torch.nn.Module``
+        must map a batch of inputs (float32, shaped like ``X`` with image
+        inputs as ``(n, c, h, w)``) to ``(n, embedding_dim)`` embeddings; it is
+        copied, never trained in place.
+    input_shape : tuple of int, default=None
+        ``(channels, height, width)`` or ``(height, width)`` of one image when
+        ``X`` holds images as flat rows. Leave None for feature vectors, or
+        when ``X`` is already ``(n, h, w)`` or ``(n, c, h, w)``.
+    embedding_dim : int, default=128
+        Width of the embedding of the built-in networks (and of
+        :meth:`transform`'s output).
+    hidden_layer_sizes : tuple of int, default=(256, 256)
+        Hidden layers of the ``"mlp"`` network before its embedding layer.
+    labeled_per_class : int, default=10
+        Samples of every class in each labeled batch. A class with fewer
+        labeled samples is drawn with replacement (with a warning).
+    unlabeled_batch_size : int, default=100
+        Size of the unlabeled batch of every step.
+    max_iter : int or "auto", default="auto"
+        Number of training steps. ``"auto"``: 20,000 on a GPU (the paper),
+        2,000 on a CPU.
+    learning_rate : float, default=1e-3
+        Initial learning rate of Adam.
+    lr_decay : float, default=0.33
+        Factor applied to the learning rate every ``lr_decay_steps`` steps.
+    lr_decay_steps : int or "auto", default="auto"
+        Steps between learning-rate decays; ``"auto"`` is a quarter of
+        ``max_iter`` (5,000 of 20,000, as in the paper).
+    walker_weight : float, default=1.0
+        Weight of the walker loss.
+    visit_weight : float, default=1.0
+        Weight of the visit loss. Lower it when the unlabeled data holds
+        classes that the labeled data lacks.
+    logit_weight : float, default=1.0
+        Weight of the classification loss on the labeled batch.
+    association_delay : int, default=0
+        Steps trained with the classification loss alone before the walker
+        and visit losses are switched on (domain adaptation uses this).
+    association_ramp_steps : int, default=0
+        Steps over which the walker and visit weights then grow linearly from
+        zero to their values; 0 switches them on at once.
+    l2_scale : float or "auto", default="auto"
+        L2 penalty ``l2_scale * sum(w**2) / 2`` on the embedding network's
+        weights (not biases). ``"auto"`` uses the paper's value for the
+        built-in network (1e-3 MNIST, 1e-4 SVHN and MLP, 5e-3 STL-10) and
+        1e-4 for a custom module. The logit layer always uses 1e-4.
+    precision : {"auto", "fp32", "tf32", "bf16"}, default="auto"
+        Arithmetic of the network on the GPU. ``"tf32"`` uses TF32 tensor
+        cores for float32 matrix products and convolutions, ``"bf16"`` runs
+        the network under bfloat16 autocast (the losses stay float32).
+        ``"auto"`` is ``"tf32"`` on a GPU and ``"fp32"`` on a CPU.
+    cuda_graph : bool or "auto", default="auto"
+        Capture the whole training step as one CUDA graph ("auto": on GPUs).
+        Results are the same; steps are several times faster.
+    device : str or torch.device, default="auto"
+        ``"auto"`` (a GPU when there is one), ``"cpu"``, ``"cuda"`` or
+        ``"cuda:N"``.
+    predict_batch_size : int or "auto", default="auto"
+        Samples per forward pass in ``predict``, ``predict_proba`` and
+        ``transform`` ("auto": 8192 on a GPU, 1024 on a CPU).
+    random_state : int, RandomState instance or None, default=None
+        Seeds the network's initial weights and every batch draw. With an
+        int, two fits on a CPU give identical models.
+    verbose : int, default=0
+        Show a progress bar with the losses when > 0.
+    warm_start : bool, default=False
+        Start training from the weights of the previous fit (with a fresh
+        optimizer and learning-rate schedule) instead of a new network. The
+        classes must be the same.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        The labels of the labeled samples, sorted.
+    model_ : AssociationModel
+        The trained network (embedding network and logit layer).
+    n_features_in_ : int
+        Number of values in one sample seen during ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of the features seen during ``fit`` (only for DataFrames with
+        string column names).
+    input_shape_ : tuple of int or None
+        ``(channels, height, width)`` of one image, or None for feature rows.
+    network_ : str
+        Name of the built-in network used, or ``"custom"``.
+    embedding_dim_ : int
+        Width of the embedding (the number of output features of
+        :meth:`transform`).
+    n_iter_ : int
+        Training steps completed in the last ``fit``.
+    history_ : dict of lists
+        Loss curves: ``"step"``, ``"learning_rate"``, ``"total"``,
+        ``"walker"``, ``"visit"`` and ``"logit"``, each entry the mean over the
+        steps since the previous entry.
+    device_ : torch.device
+        Where the model lives.
+
+    See Also
+    --------
+    sklearn.semi_supervised.SelfTrainingClassifier : Wraps a supervised
+        classifier and labels unlabeled samples with its own predictions.
+    sklearn.semi_supervised.LabelSpreading : Spreads labels over a
+        similarity graph of the samples.
+
+    References
+    ----------
+    .. [1] P. Haeusser, A. Mordvintsev, D. Cremers, "Learning by Association
+       - A versatile semi-supervised training method for neural networks",
+       CVPR 2017.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.datasets import load_digits
+    >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> X, y = load_digits(return_X_y=True)
+    >>> rng = np.random.RandomState(0)
+    >>> y_semi = np.where(rng.rand(len(y)) < 0.1, y, -1)
+    >>> clf = SemiSupervisedAssociationClassifier(
+    ...     max_iter=200, device="cpu", random_state=0)
+    >>> clf.fit(X, y_semi).predict(X[:3]).shape
+    (3,)
+    >>> clf.transform(X[:3]).shape
+    (3, 128)
+    """
+
+    _parameter_constraints = {
+        "network": [
+            StrOptions({"auto", "mnist", "svhn", "stl10", "mlp"}),
+            torch.nn.Module,
+        ],
+        "input_shape": [tuple, list, None],
+        "embedding_dim": [Interval(Integral, 1, None, closed="left")],
+        "hidden_layer_sizes": [tuple, list],
+        "labeled_per_class": [Interval(Integral, 1, None, closed="left")],
+        "unlabeled_batch_size": [Interval(Integral, 1, None, closed="left")],
+        "max_iter": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
+        "learning_rate": [Interval(Real, 0, None, closed="neither")],
+        "lr_decay": [Interval(Real, 0, 1, closed="right")],
+        "lr_decay_steps": [
+            Interval(Integral, 1, None, closed="left"),
+            StrOptions({"auto"}),
+        ],
+        "walker_weight": [Interval(Real, 0, None, closed="left")],
+        "visit_weight": [Interval(Real, 0, None, closed="left")],
+        "logit_weight": [Interval(Real, 0, None, closed="left")],
+        "association_delay": [Interval(Integral, 0, None, closed="left")],
+        "association_ramp_steps": [Interval(Integral, 0, None, closed="left")],
+        "l2_scale": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
+        "precision": [StrOptions({"auto", "fp32", "tf32", "bf16"})],
+        "cuda_graph": ["boolean", StrOptions({"auto"})],
+        "device": [str, torch.device],
+        "predict_batch_size": [
+            Interval(Integral, 1, None, closed="left"),
+            StrOptions({"auto"}),
+        ],
+        "random_state": ["random_state"],
+        "verbose": ["verbose"],
+        "warm_start": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        network="auto",
+        *,
+        input_shape=None,
+        embedding_dim=128,
+        hidden_layer_sizes=(256, 256),
+        labeled_per_class=10,
+        unlabeled_batch_size=100,
+        max_iter="auto",
+        learning_rate=1e-3,
+        lr_decay=0.33,
+        lr_decay_steps="auto",
+        walker_weight=1.0,
+        visit_weight=1.0,
+        logit_weight=1.0,
+        association_delay=0,
+        association_ramp_steps=0,
+        l2_scale="auto",
+        precision="auto",
+        cuda_graph="auto",
+        device="auto",
+        predict_batch_size="auto",
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+    ):
+        self.network = network
+        self.input_shape = input_shape
+        self.embedding_dim = embedding_dim
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.labeled_per_class = labeled_per_class
+        self.unlabeled_batch_size = unlabeled_batch_size
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.lr_decay = lr_decay
+        self.lr_decay_steps = lr_decay_steps
+        self.walker_weight = walker_weight
+        self.visit_weight = visit_weight
+        self.logit_weight = logit_weight
+        self.association_delay = association_delay
+        self.association_ramp_steps = association_ramp_steps
+        self.l2_scale = l2_scale
+        self.precision = precision
+        self.cuda_graph = cuda_graph
+        self.device = device
+        self.predict_batch_size = predict_batch_size
+        self.random_state = random_state
+        self.verbose = verbose
+        self.warm_start = warm_start
+
+    # ------------------------------------------------------------------ fit
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y):
+        """Train the network on labeled and unlabeled samples.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, h, w) \
+                or (n_samples, c, h, w)
+            Training inputs, raw: pixel values as they are (e.g. 0..255) for
+            the image networks, features as they are for the MLP.
+        y : array-like of shape (n_samples,)
+            Labels; ``-1`` marks an unlabeled sample.
+
+        Returns
+        -------
+        self : SemiSupervisedAssociationClassifier
+            The fitted estimator.
+        """
+        # A failed fit leaves the estimator as it was: validation below sets
+        # attributes early, so snapshot and restore them on any error.
+        previous_state = dict(self.__dict__)
+        try:
+            return self._fit(X, y)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(previous_state)
+            raise
+
+    def _fit(self, X, y):
+        device = resolve_device(self.device)
+        rows, sample_shape = split_sample_shape(X)
+        rows, y = validate_data(self, rows, y, dtype="numeric", y_numeric=False)
+        image_shape = resolve_image_shape(sample_shape, self.input_shape, rows.shape[1])
+        classes, encoded = encode_semi_supervised_labels(y)
+        warm = self.warm_start and hasattr(self, "model_")
+        if warm and not np.array_equal(classes, self.classes_):
+            raise ValueError(
+                "warm_start=True needs the classes of the previous fit "
+                f"({self.classes_.tolist()}); got {classes.tolist()}. Set "
+                "warm_start=False to train a new model."
+            )
+
+        seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
+        data = to_model_layout(rows, image_shape)
+        max_iter = self._resolve_auto("max_iter", AUTO_MAX_ITER, device)
+        precision = self._resolve_precision(device)
+        # Seed torch's generators for this fit only, so results depend on
+        # random_state alone and the caller's random streams are untouched.
+        cuda_devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda_devices):
+            torch.manual_seed(seed)
+            if warm:
+                model = copy.deepcopy(self.model_).to(device)
+                network_name = self.network_
+            else:
+                model, network_name = self._build_model(
+                    data, image_shape, len(classes), device
+                )
+            embedding_dim = model.logits.in_features
+            tensor = as_tensor(data).to(device)
+            sampler = self._make_sampler(encoded, device)
+            config = TrainingConfig(
+                max_iter=max_iter,
+                learning_rate=float(self.learning_rate),
+                lr_decay=float(self.lr_decay),
+                lr_decay_steps=(
+                    max(1, round(max_iter / 4))
+                    if self.lr_decay_steps == "auto"
+                    else self.lr_decay_steps
+                ),
+                walker_weight=float(self.walker_weight),
+                visit_weight=float(self.visit_weight),
+                logit_weight=float(self.logit_weight),
+                association_delay=self.association_delay,
+                association_ramp_steps=self.association_ramp_steps,
+                l2_scale=self._resolve_l2_scale(model, network_name),
+                logit_l2_scale=LOGIT_L2_SCALE,
+                precision=precision,
+                cuda_graph=self.cuda_graph in ("auto", True),
+                channels_last=device.type == "cuda",
+                log_interval=default_log_interval(max_iter),
+                verbose=self.verbose,
+            )
+            with precision_context(device, precision):
+                result = train(model, tensor, sampler, config, device)
+
+        self.model_ = model
+        self.classes_ = classes
+        self.input_shape_ = image_shape
+        self.network_ = network_name
+        self.embedding_dim_ = embedding_dim
+        self.n_iter_ = result.n_iter
+        self.history_ = result.history
+        self.device_ = device
+        if result.interrupted:
+            warnings.warn(
+                f"Training was interrupted after {result.n_iter} of {max_iter} "
+                "steps; the model keeps the weights of the last completed step.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return self
+
+    def _resolve_auto(self, name, defaults, device):
+        value = getattr(self, name)
+        return defaults[device.type] if value == "auto" else value
+
+    def _resolve_precision(self, device):
+        if self.precision == "auto":
+            return "tf32" if device.type == "cuda" else "fp32"
+        return self.precision
+
+    def _resolve_l2_scale(self, model, network_name):
+        if self.l2_scale != "auto":
+            return float(self.l2_scale)
+        return float(getattr(model.embedder, "default_l2_scale", 1e-4))
+
+    def _build_model(self, data, image_shape, n_classes, device):
+        """The embedding network plus logit layer, initialised from torch's seed."""
+        if isinstance(self.network, torch.nn.Module):
+            embedder = copy.deepcopy(self.network)
+            name = "custom"
+        else:
+            name = self.network
+            if name == "auto":
+                name = auto_network_name(image_shape)
+            embedder = build_network(
+                name,
+                image_shape,
+                math.prod(data.shape[1:]),
+                self.embedding_dim,
+                self.hidden_layer_sizes,
+            )
+            if name == "mlp":
+                embedder.fit_normalization(as_tensor(data).flatten(1))
+        embedding_dim = self._probe_embedding_dim(embedder, data)
+        model = AssociationModel(embedder, embedding_dim, n_classes).to(device)
+        if device.type == "cuda" and data.ndim == 4:
+            model = model.to(memory_format=torch.channels_last)
+        return model, name
+
+    @staticmethod
+    def _probe_embedding_dim(embedder, data):
+        """Run two samples through the embedder and check its output shape."""
+        with torch.no_grad():
+            was_training = embedder.training
+            embedder.eval()
+            out = embedder(as_tensor(data[:2]).float())
+            embedder.train(was_training)
+        if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out)
+            raise ValueError(
+                "The network must map a batch of n inputs to an (n, embedding_dim) "
+                f"tensor; for a batch of 2 it returned {shape}. Add a flatten or "
+                "linear layer at its end."
+            )
+        return int(out.shape[1])
+
+    def _make_sampler(self, encoded, device):
+        labeled = encoded != UNLABELED
+        class_indices = [
+            torch.as_tensor(np.flatnonzero(encoded == k))
+            for k in range(encoded.max() + 1)
+        ]
+        # The paper's "all labels" setting: with nothing unlabeled, every
+        # sample also serves as unlabeled.
+        pool = (
+            np.flatnonzero(~labeled) if not labeled.all() else np.arange(len(encoded))
+        )
+        return AssociationBatchSampler(
+            class_indices,
+            torch.as_tensor(pool),
+            self.labeled_per_class,
+            self.unlabeled_batch_size,
+            device,
+        )
+
+    # ------------------------------------------------------------ inference
+
+    def _validated_inputs(self, X):
+        check_is_fitted(self)
+        rows, sample_shape = split_sample_shape(X)
+        rows = validate_data(self, rows, dtype="numeric", reset=False)
+        return to_model_layout(rows, self.input_shape_)
+
+    def _forward(self, X, output):
+        """Run ``X`` through the model in batches; ``output`` picks what to keep."""
+        data = self._validated_inputs(X)
+        device = self.device_
+        batch_size = self._resolve_auto(
+            "predict_batch_size", AUTO_PREDICT_BATCH_SIZE, device
+        )
+        precision = self._resolve_precision(device)
+        memory_format = (
+            torch.channels_last
+            if device.type == "cuda" and data.ndim == 4
+            else torch.contiguous_format
+        )
+        chunks = []
+        with torch.inference_mode(), precision_context(device, precision):
+            for start in range(0, data.shape[0], batch_size):
+                batch = as_tensor(data[start : start + batch_size])
+                batch = batch.to(device, non_blocking=True).float()
+                batch = batch.contiguous(memory_format=memory_format)
+                with autocast_context(device, precision):
+                    embeddings = self.model_.embedder(batch)
+                    if output == "embedding":
+                        result = embeddings
+                    else:
+                        result = torch.softmax(
+                            self.model_.logits(embeddings).float(), 1
+                        )
+                chunks.append(result.float().cpu().numpy())
+        if not chunks:
+            width = self.embedding_dim_ if output == "embedding" else len(self.classes_)
+            return np.empty((0, width), dtype=np.float32)
+        return np.concatenate(chunks)
+
+    def predict_proba(self, X):
+        """Class probabilities of the logit layer.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, h, w) \
+                or (n_samples, c, h, w)
+            Inputs, in the same form as in ``fit``.
+
+        Returns
+        -------
+        proba : ndarray of shape (n_samples, n_classes)
+            Probability of every class in :attr:`classes_`.
+        """
+        return self._forward(X, "proba")
+
+    def predict(self, X):
+        """Predict the class of every sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, h, w) \
+                or (n_samples, c, h, w)
+            Inputs, in the same form as in ``fit``.
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_samples,)
+            Labels from :attr:`classes_`.
+        """
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+
+    def transform(self, X):
+        """Embed samples with the trained network.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, h, w) \
+                or (n_samples, c, h, w)
+            Inputs, in the same form as in ``fit``.
+
+        Returns
+        -------
+        embeddings : ndarray of shape (n_samples, embedding_dim_)
+            The learned embeddings.
+        """
+        return self._forward(X, "embedding")
+
+    @property
+    def _n_features_out(self):
+        """Number of output features of ``transform`` (for feature names)."""
+        return self.embedding_dim_
+
+    # ---------------------------------------------------------- persistence
+
+    def __getstate__(self):
+        # Pickle the model on the CPU, so that a model trained on a GPU loads
+        # on a machine without one.
+        state = super().__getstate__()
+        if "model_" in state and self.device_.type != "cpu":
+            state["model_"] = copy.deepcopy(self.model_).to("cpu")
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if "model_" in state:
+            device = self.device_
+            if device.type == "cuda" and not torch.cuda.is_available():
+                device = torch.device("cpu")
+            self.model_ = self.model_.to(device)
+            self.device_ = device
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.three_d_array = True
+        return tags

@@ -1,0 +1,145 @@
+"""The association losses of "Learning by Association" as plain torch functions.
+
+A labeled batch ``A`` and an unlabeled batch ``B`` are embedded by one network
+(``a`` and ``b``). A walker steps from every labeled embedding to the unlabeled
+ones with probabilities given by a softmax over their dot products, then steps
+back. The *walker loss* rewards round trips that end in the class where they
+started; the *visit loss* rewards a walk that visits every unlabeled sample.
+"""
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "association_matrices",
+    "walker_loss",
+    "visit_loss",
+    "classification_loss",
+    "l2_penalty",
+]
+
+# The authors' code adds this constant inside every logarithm; keeping it
+# reproduces their numbers and keeps the losses finite when a probability
+# underflows to zero.
+LOG_EPSILON = 1e-8
+
+
+def association_matrices(a, b):
+    """Transition probabilities of the walk between two sets of embeddings.
+
+    Parameters
+    ----------
+    a : torch.Tensor of shape (n_labeled, embedding_dim)
+        Embeddings of the labeled batch.
+    b : torch.Tensor of shape (n_unlabeled, embedding_dim)
+        Embeddings of the unlabeled batch.
+
+    Returns
+    -------
+    p_ab : torch.Tensor of shape (n_labeled, n_unlabeled)
+        Probability of stepping from ``a[i]`` to ``b[j]``.
+    p_ba : torch.Tensor of shape (n_unlabeled, n_labeled)
+        Probability of stepping from ``b[j]`` back to ``a[i]``.
+    p_aba : torch.Tensor of shape (n_labeled, n_labeled)
+        Probability of the round trip ``a[i] -> B -> a[k]``.
+
+    Notes
+    -----
+    The similarity is the raw dot product ``M = a @ b.T`` (no temperature, no
+    normalisation), as in the paper. The softmaxes subtract the row maximum,
+    so large embedding norms do not overflow. They are computed in float32
+    even under autocast: the round-trip probabilities of a bf16 softmax are
+    too coarse for the walker loss.
+    """
+    a = a.float()
+    b = b.float()
+    match = a @ b.T
+    p_ab = torch.softmax(match, dim=1)
+    p_ba = torch.softmax(match.T, dim=1)
+    p_aba = p_ab @ p_ba
+    return p_ab, p_ba, p_aba
+
+
+def walker_loss(p_aba, labels):
+    """Cross-entropy between round-trip probabilities and same-class targets.
+
+    Parameters
+    ----------
+    p_aba : torch.Tensor of shape (n_labeled, n_labeled)
+        Round-trip probabilities from :func:`association_matrices`.
+    labels : torch.Tensor of shape (n_labeled,)
+        Integer class of every labeled sample.
+
+    Returns
+    -------
+    loss : torch.Tensor
+        Scalar loss, averaged over the labeled samples. The target of row
+        ``i`` is uniform over the samples of the class of ``i`` (itself
+        included).
+    """
+    same_class = (labels[:, None] == labels[None, :]).to(p_aba.dtype)
+    target = same_class / same_class.sum(dim=1, keepdim=True)
+    return -(target * torch.log(LOG_EPSILON + p_aba)).sum(dim=1).mean()
+
+
+def visit_loss(p_ab):
+    """Cross-entropy between the visit probabilities and a uniform visit.
+
+    Parameters
+    ----------
+    p_ab : torch.Tensor of shape (n_labeled, n_unlabeled)
+        Forward transition probabilities from :func:`association_matrices`.
+
+    Returns
+    -------
+    loss : torch.Tensor
+        Scalar loss; smallest when every unlabeled sample is visited equally
+        often, which keeps the walker from ignoring hard unlabeled samples.
+    """
+    p_visit = p_ab.mean(dim=0)
+    return -torch.log(LOG_EPSILON + p_visit).mean()
+
+
+def classification_loss(logits, labels):
+    """Softmax cross-entropy of the labeled samples' logits.
+
+    Parameters
+    ----------
+    logits : torch.Tensor of shape (n_labeled, n_classes)
+        Output of the linear layer on top of the embedding.
+    labels : torch.Tensor of shape (n_labeled,)
+        Integer class of every labeled sample.
+
+    Returns
+    -------
+    loss : torch.Tensor
+        Scalar mean cross-entropy, computed in float32.
+    """
+    return F.cross_entropy(logits.float(), labels)
+
+
+def l2_penalty(weights, scales):
+    """Weight decay written into the loss: ``sum_k scale_k * sum(w_k**2) / 2``.
+
+    Parameters
+    ----------
+    weights : sequence of torch.Tensor
+        The weight tensors to penalise (biases are left out by the caller, as
+        in the paper).
+    scales : sequence of float
+        One L2 scale per weight tensor.
+
+    Returns
+    -------
+    penalty : torch.Tensor
+        Scalar penalty (zero when ``weights`` is empty).
+    """
+    penalty = None
+    for weight, scale in zip(weights, scales, strict=True):
+        if scale == 0:
+            continue
+        term = (0.5 * scale) * weight.float().pow(2).sum()
+        penalty = term if penalty is None else penalty + term
+    if penalty is None:
+        return torch.zeros(())
+    return penalty

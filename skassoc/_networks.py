@@ -1,0 +1,313 @@
+"""Embedding networks of the paper, a plain MLP, and the classifier head.
+
+Every embedding network maps *raw* inputs (pixel values 0..255, or features
+as the user passed them) to an embedding and owns its input normalisation, so
+callers never pre-process. :class:`AssociationModel` puts the paper's linear
+logit layer on top of any embedding network.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = [
+    "MNISTNet",
+    "SVHNNet",
+    "STL10Net",
+    "MLPNet",
+    "AssociationModel",
+    "build_network",
+    "NETWORKS",
+]
+
+
+def _conv(in_channels, out_channels, stride=1):
+    # 3x3 "SAME" convolutions, as in the authors' TensorFlow code.
+    return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1)
+
+
+def _conv_stack(in_channels, blocks):
+    """Blocks of 3x3 ELU convolutions, each block closed by a 2x2 max-pool."""
+    layers = []
+    for n_convs, channels in blocks:
+        for _ in range(n_convs):
+            layers += [_conv(in_channels, channels), nn.ELU()]
+            in_channels = channels
+        layers.append(nn.MaxPool2d(2, 2))
+    return nn.Sequential(*layers), in_channels
+
+
+def _pooled_size(size, n_pools):
+    for _ in range(n_pools):
+        size = size // 2
+    return size
+
+
+def xavier_init_(module):
+    """Xavier-uniform weights and zero biases, the TF-slim default the paper used.
+
+    The paper's MNIST numbers depend on it: with PyTorch's default init the
+    same recipe becomes unstable (METHOD.md).
+    """
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(layer.weight)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+    return module
+
+
+class _ImageNet(nn.Module):
+    """Shared check of the image shape a network was built for."""
+
+    def _check_shape(self, input_shape, min_size):
+        if len(input_shape) != 3:
+            raise ValueError(
+                f"{type(self).__name__} needs input_shape (channels, height, "
+                f"width); got {tuple(input_shape)}."
+            )
+        if min(input_shape[1:]) < min_size:
+            raise ValueError(
+                f"{type(self).__name__} needs images of at least {min_size}x"
+                f"{min_size} pixels; got {input_shape[1]}x{input_shape[2]}. "
+                "Use network='mlp' or a custom module for smaller inputs."
+            )
+
+
+class MNISTNet(_ImageNet):
+    """The paper's MNIST embedding network.
+
+    ``x / 255`` -> C32 C32 P C64 C64 P C128 C128 P -> FC(embedding_dim), ELU
+    everywhere (the embedding included), no batch norm, no dropout.
+
+    Parameters
+    ----------
+    input_shape : tuple of int, default=(1, 28, 28)
+        ``(channels, height, width)`` of one raw image.
+    embedding_dim : int, default=128
+        Width of the embedding.
+    """
+
+    default_l2_scale = 1e-3
+
+    def __init__(self, input_shape=(1, 28, 28), embedding_dim=128):
+        super().__init__()
+        self._check_shape(input_shape, 8)
+        channels, height, width = input_shape
+        self.features, out_channels = _conv_stack(
+            channels, [(2, 32), (2, 64), (2, 128)]
+        )
+        flat = out_channels * _pooled_size(height, 3) * _pooled_size(width, 3)
+        self.embedding = nn.Sequential(
+            nn.Flatten(), nn.Linear(flat, embedding_dim), nn.ELU()
+        )
+        xavier_init_(self)
+
+    def forward(self, x):
+        return self.embedding(self.features(x / 255.0))
+
+
+class SVHNNet(_ImageNet):
+    """The paper's SVHN (and domain adaptation) embedding network.
+
+    Per-image, per-channel standardisation -> 3x C32, P, 3x C64, P, 3x C128,
+    P -> FC(embedding_dim), ELU everywhere.
+
+    Parameters
+    ----------
+    input_shape : tuple of int, default=(3, 32, 32)
+        ``(channels, height, width)`` of one raw image.
+    embedding_dim : int, default=128
+        Width of the embedding.
+
+    Notes
+    -----
+    The authors' code divides by the variance plus ``1e-5``; this network
+    divides by the standard deviation, the scale-invariant version.
+    """
+
+    default_l2_scale = 1e-4
+
+    def __init__(self, input_shape=(3, 32, 32), embedding_dim=128):
+        super().__init__()
+        self._check_shape(input_shape, 8)
+        channels, height, width = input_shape
+        self.features, out_channels = _conv_stack(
+            channels, [(3, 32), (3, 64), (3, 128)]
+        )
+        flat = out_channels * _pooled_size(height, 3) * _pooled_size(width, 3)
+        self.embedding = nn.Sequential(
+            nn.Flatten(), nn.Linear(flat, embedding_dim), nn.ELU()
+        )
+        xavier_init_(self)
+
+    def forward(self, x):
+        mean = x.mean(dim=(2, 3), keepdim=True)
+        std = x.std(dim=(2, 3), keepdim=True)
+        return self.embedding(self.features((x - mean) / (std + 1e-5)))
+
+
+class STL10Net(_ImageNet):
+    """The paper's STL-10 embedding network.
+
+    ``(x - 128) / 128`` -> C32, C64/2, maxpool 3x3/2, C64, C128, P, C128,
+    C256, P, C128 (batch norm and ELU after every convolution) -> linear
+    FC(embedding_dim).
+
+    Parameters
+    ----------
+    input_shape : tuple of int, default=(3, 96, 96)
+        ``(channels, height, width)`` of one raw image.
+    embedding_dim : int, default=128
+        Width of the embedding.
+    """
+
+    default_l2_scale = 5e-3
+
+    def __init__(self, input_shape=(3, 96, 96), embedding_dim=128):
+        super().__init__()
+        self._check_shape(input_shape, 32)
+        channels, height, width = input_shape
+
+        def block(cin, cout, stride=1):
+            return [_conv(cin, cout, stride), nn.BatchNorm2d(cout), nn.ELU()]
+
+        self.features = nn.Sequential(
+            *block(channels, 32),
+            *block(32, 64, stride=2),
+            nn.MaxPool2d(3, 2, padding=1),
+            *block(64, 64),
+            *block(64, 128),
+            nn.MaxPool2d(2, 2),
+            *block(128, 128),
+            *block(128, 256),
+            nn.MaxPool2d(2, 2),
+            *block(256, 128),
+        )
+        with torch.no_grad():
+            flat = self.features(torch.zeros(1, *input_shape)).numel()
+        self.embedding = nn.Sequential(nn.Flatten(), nn.Linear(flat, embedding_dim))
+        xavier_init_(self)
+
+    def forward(self, x):
+        return self.embedding(self.features((x - 128.0) / 128.0))
+
+
+class MLPNet(nn.Module):
+    """A fully connected embedding network for plain feature vectors.
+
+    Standardises its input with a mean and scale stored as buffers (set them
+    with :meth:`fit_normalization` on the training data), then applies ELU
+    layers; the last one is the embedding.
+
+    Parameters
+    ----------
+    n_features : int
+        Number of input features.
+    hidden_layer_sizes : tuple of int, default=(256, 256)
+        Widths of the hidden layers before the embedding layer.
+    embedding_dim : int, default=128
+        Width of the embedding.
+    """
+
+    default_l2_scale = 1e-4
+
+    def __init__(self, n_features, hidden_layer_sizes=(256, 256), embedding_dim=128):
+        super().__init__()
+        widths = [n_features, *hidden_layer_sizes, embedding_dim]
+        layers = []
+        for width_in, width_out in zip(widths[:-1], widths[1:], strict=True):
+            layers += [nn.Linear(width_in, width_out), nn.ELU()]
+        self.layers = nn.Sequential(*layers)
+        self.register_buffer("mean", torch.zeros(n_features))
+        self.register_buffer("scale", torch.ones(n_features))
+        xavier_init_(self)
+
+    @torch.no_grad()
+    def fit_normalization(self, x):
+        """Learn the standardisation from training inputs ``x`` (n, n_features)."""
+        x = x.double()
+        self.mean.copy_(x.mean(dim=0))
+        std = x.std(dim=0, unbiased=False)
+        # Constant features would divide by zero; leave them unscaled.
+        self.scale.copy_(torch.where(std > 0, std, torch.ones_like(std)))
+
+    def forward(self, x):
+        return self.layers((x.flatten(1) - self.mean) / self.scale)
+
+
+NETWORKS = {"mnist": MNISTNet, "svhn": SVHNNet, "stl10": STL10Net, "mlp": MLPNet}
+
+
+def auto_network_name(input_shape):
+    """The built-in network for inputs of ``input_shape`` (None: feature vectors).
+
+    32x32 images get the SVHN network, 96x96 the STL-10 one, any other image
+    size of at least 8x8 the MNIST one, and feature vectors the MLP.
+    """
+    if input_shape is None:
+        return "mlp"
+    _, height, width = input_shape
+    if (height, width) == (32, 32):
+        return "svhn"
+    if (height, width) == (96, 96):
+        return "stl10"
+    if min(height, width) >= 8:
+        return "mnist"
+    return "mlp"
+
+
+def build_network(name, input_shape, n_features, embedding_dim, hidden_layer_sizes):
+    """Build the built-in embedding network ``name`` for the given inputs."""
+    if name == "mlp":
+        return MLPNet(n_features, tuple(hidden_layer_sizes), embedding_dim)
+    if input_shape is None:
+        raise ValueError(
+            f"network={name!r} needs image inputs: pass X of shape (n, h, w) or "
+            "(n, c, h, w), or 2-D rows together with input_shape=(c, h, w)."
+        )
+    return NETWORKS[name](tuple(input_shape), embedding_dim)
+
+
+class AssociationModel(nn.Module):
+    """An embedding network with the paper's linear logit layer on top.
+
+    Parameters
+    ----------
+    embedder : torch.nn.Module
+        Maps a batch of raw inputs to ``(batch, embedding_dim)`` embeddings.
+    embedding_dim : int
+        Width of the embedding.
+    n_classes : int
+        Number of classes of the logit layer.
+    """
+
+    def __init__(self, embedder, embedding_dim, n_classes):
+        super().__init__()
+        self.embedder = embedder
+        self.logits = xavier_init_(nn.Linear(embedding_dim, n_classes))
+
+    def forward(self, x):
+        """Return ``(embeddings, logits)`` for a batch of raw inputs."""
+        embeddings = self.embedder(x)
+        return embeddings, self.logits(embeddings)
+
+
+def weight_tensors(model, embedder_scale, logit_scale):
+    """Weights (not biases or norm parameters) to decay and their L2 scales.
+
+    A weight is any parameter with more than one dimension, so the rule holds
+    for a user's own module too.
+    """
+    weights, scales = [], []
+    for name, param in model.named_parameters():
+        if param.ndim > 1 and param.requires_grad:
+            weights.append(param)
+            scales.append(logit_scale if name.startswith("logits.") else embedder_scale)
+    return weights, scales
+
+
+def flat_size(shape):
+    """Number of features of one sample of ``shape``."""
+    return math.prod(shape)

@@ -1,0 +1,314 @@
+"""The training loop: one association step, run eagerly or as a CUDA graph.
+
+The step (sampling, forward, the losses, backward, the Adam update) touches
+only device tensors and never reads a value back to the host, so on a GPU it
+is captured once as a CUDA graph and replayed: at the paper's batch sizes an
+eager step is bound by kernel launches, not by the GPU. Loss values are summed
+on the device and read back every ``log_interval`` steps.
+"""
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from ._losses import (
+    association_matrices,
+    classification_loss,
+    l2_penalty,
+    visit_loss,
+    walker_loss,
+)
+from ._networks import weight_tensors
+
+__all__ = ["TrainingConfig", "TrainingResult", "train", "precision_context"]
+
+LOSS_NAMES = ("total", "walker", "visit", "logit")
+
+# Eager steps run before capture: they let cuDNN pick its kernels and the
+# optimizer create its state, and they are real training steps.
+_GRAPH_WARMUP_STEPS = 3
+
+
+@dataclass
+class TrainingConfig:
+    """Hyperparameters of one training run (see the estimator for meanings)."""
+
+    max_iter: int
+    learning_rate: float
+    lr_decay: float
+    lr_decay_steps: int
+    walker_weight: float
+    visit_weight: float
+    logit_weight: float
+    association_delay: int
+    association_ramp_steps: int
+    l2_scale: float
+    logit_l2_scale: float
+    precision: str
+    cuda_graph: bool
+    channels_last: bool
+    log_interval: int
+    verbose: int
+
+
+@dataclass
+class TrainingResult:
+    """What a run did: steps completed, loss history, whether it was cut short."""
+
+    n_iter: int
+    history: dict = field(default_factory=dict)
+    interrupted: bool = False
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when a training loss becomes NaN or infinite."""
+
+
+def autocast_context(device, precision):
+    """Autocast for the network's forward pass (the losses stay float32)."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    # Cached casts would be freed under a CUDA graph's feet.
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+
+@contextlib.contextmanager
+def precision_context(device, precision):
+    """Set TF32 use for the duration of a fit or predict, then restore it.
+
+    ``"fp32"`` turns TF32 off for matrix products and convolutions (PyTorch
+    leaves it on for cuDNN convolutions by default); ``"tf32"`` and ``"bf16"``
+    turn it on. cuDNN autotuning is enabled on CUDA: the step's shapes never
+    change.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    allow_tf32 = precision != "fp32"
+    previous_matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    try:
+        with torch.backends.cudnn.flags(
+            enabled=True, benchmark=True, deterministic=False, allow_tf32=allow_tf32
+        ):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous_matmul
+
+
+class _AssociationStep:
+    """One training step on device-resident data; safe to capture as a graph."""
+
+    def __init__(self, model, data, sampler, optimizer, config, device):
+        self.model = model
+        self.data = data
+        self.sampler = sampler
+        self.optimizer = optimizer
+        self.config = config
+        self.device = device
+        self.memory_format = (
+            torch.channels_last
+            if config.channels_last and data.ndim == 4
+            else torch.contiguous_format
+        )
+        self.weights, self.scales = weight_tensors(
+            model, config.l2_scale, config.logit_l2_scale
+        )
+        # Device-side counters, so neither the weight ramp nor the loss
+        # bookkeeping needs the host.
+        self.step_count = torch.zeros((), device=device)
+        self.loss_sum = torch.zeros(len(LOSS_NAMES), device=device)
+        self.first_nonfinite_step = torch.full((), -1.0, device=device)
+
+    def association_scale(self):
+        """Multiplier of the walker and visit losses: delayed, then ramped."""
+        config = self.config
+        if config.association_ramp_steps > 0:
+            ramp = (self.step_count - config.association_delay + 1) / (
+                config.association_ramp_steps
+            )
+            return ramp.clamp(0.0, 1.0)
+        return (self.step_count >= config.association_delay).float()
+
+    def __call__(self):
+        config = self.config
+        labeled, unlabeled = self.sampler.sample()
+        labels = self.sampler.labels
+        batch = self.data[torch.cat([labeled, unlabeled])].float()
+        batch = batch.contiguous(memory_format=self.memory_format)
+        with autocast_context(self.device, config.precision):
+            embeddings = self.model.embedder(batch)
+            n_labeled = labeled.shape[0]
+            logits = self.model.logits(embeddings[:n_labeled])
+        p_ab, _, p_aba = association_matrices(
+            embeddings[:n_labeled], embeddings[n_labeled:]
+        )
+        walker = walker_loss(p_aba, labels)
+        visit = visit_loss(p_ab)
+        logit = classification_loss(logits, labels)
+        scale = self.association_scale()
+        total = (
+            scale * (config.walker_weight * walker + config.visit_weight * visit)
+            + config.logit_weight * logit
+            + l2_penalty(self.weights, self.scales)
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        self.optimizer.step()
+
+        terms = torch.stack([total, walker, visit, logit]).detach()
+        bad = (self.first_nonfinite_step < 0) & ~torch.isfinite(terms).all()
+        self.first_nonfinite_step.copy_(
+            torch.where(bad, self.step_count, self.first_nonfinite_step)
+        )
+        self.loss_sum.add_(terms)
+        self.step_count.add_(1)
+
+
+def _make_optimizer(model, config, device, capturable):
+    if capturable:
+        # A tensor learning rate is read by the captured graph on every replay;
+        # the scheduler updates it in place.
+        return torch.optim.Adam(
+            model.parameters(),
+            lr=torch.tensor(config.learning_rate, device=device),
+            capturable=True,
+            foreach=True,
+        )
+    return torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+
+
+def _keep_lr_tensor(optimizer, lr_tensors):
+    """Older torch schedulers replace a tensor lr by a new object; copy it back."""
+    for group, lr in zip(optimizer.param_groups, lr_tensors, strict=True):
+        if group["lr"] is not lr:
+            lr.fill_(float(group["lr"]))
+            group["lr"] = lr
+
+
+def _capture(step, scheduler, n_warmup):
+    """Run ``n_warmup`` eager steps on a side stream, then capture one step."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(n_warmup):
+            step()
+            scheduler.step()
+    torch.cuda.current_stream().wait_stream(side)
+    step.optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def train(model, data, sampler, config, device):
+    """Train ``model`` in place with the association losses.
+
+    Parameters
+    ----------
+    model : AssociationModel
+        The network, already on ``device``.
+    data : torch.Tensor
+        All training inputs on ``device`` (uint8 or float32), indexed by the
+        sampler's indices.
+    sampler : AssociationBatchSampler
+        Draws the labeled and unlabeled batches.
+    config : TrainingConfig
+        The run's hyperparameters.
+    device : torch.device
+        Where training runs.
+
+    Returns
+    -------
+    result : TrainingResult
+        Steps completed and the loss history (means over each
+        ``log_interval`` steps).
+
+    Raises
+    ------
+    NonFiniteLossError
+        If a loss becomes NaN or infinite; the model is then in an undefined
+        state and the caller must discard it.
+    """
+    model.train()
+    use_graph = config.cuda_graph and device.type == "cuda"
+    optimizer = _make_optimizer(model, config, device, capturable=use_graph)
+    lr_tensors = [group["lr"] for group in optimizer.param_groups]
+    scheduler = torch.optim.lr_scheduler.StepLR(
+        optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
+    )
+    step = _AssociationStep(model, data, sampler, optimizer, config, device)
+    history = {"step": [], "learning_rate": [], **{name: [] for name in LOSS_NAMES}}
+    result = TrainingResult(n_iter=0, history=history)
+    progress = tqdm(
+        total=config.max_iter, disable=not config.verbose, desc="skassoc", leave=False
+    )
+    logged_until = 0
+
+    def read_losses(completed):
+        nonlocal logged_until
+        n_steps = completed - logged_until
+        if n_steps <= 0:
+            return
+        sums = step.loss_sum.tolist()
+        first_bad = int(step.first_nonfinite_step.item())
+        if first_bad >= 0:
+            raise NonFiniteLossError(
+                f"The training loss became NaN or infinite at step {first_bad + 1}. "
+                "The learning rate is likely too high for this data, or the "
+                "inputs are on an extreme scale (for a custom network, scale "
+                "them first); lower learning_rate or rescale X."
+            )
+        step.loss_sum.zero_()
+        means = [value / n_steps for value in sums]
+        history["step"].append(completed)
+        history["learning_rate"].append(float(scheduler.get_last_lr()[0]))
+        for name, value in zip(LOSS_NAMES, means, strict=True):
+            history[name].append(value)
+        logged_until = completed
+        progress.update(n_steps)
+        progress.set_postfix(
+            {name: f"{v:.3f}" for name, v in zip(LOSS_NAMES, means, strict=True)}
+        )
+
+    graph = None
+    completed = 0
+    try:
+        if use_graph:
+            n_warmup = min(_GRAPH_WARMUP_STEPS, config.max_iter)
+            graph = _capture(step, scheduler, n_warmup)
+            _keep_lr_tensor(optimizer, lr_tensors)
+            completed = n_warmup
+        while completed < config.max_iter:
+            if graph is not None:
+                graph.replay()
+            else:
+                step()
+            scheduler.step()
+            if use_graph:
+                _keep_lr_tensor(optimizer, lr_tensors)
+            completed += 1
+            if completed % config.log_interval == 0:
+                read_losses(completed)
+        read_losses(completed)
+    except KeyboardInterrupt:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        result.interrupted = True
+        # The losses of the steps that did complete are still worth keeping.
+        with contextlib.suppress(NonFiniteLossError):
+            read_losses(completed)
+    finally:
+        progress.close()
+    result.n_iter = completed
+    model.eval()
+    return result
+
+
+def default_log_interval(max_iter):
+    """Read losses back about 100 times a run, at most every 10 steps."""
+    return max(10, math.ceil(max_iter / 100))

@@ -1,0 +1,167 @@
+"""Checks and conversions of user inputs: samples, image shapes, labels, device."""
+
+import math
+import warnings
+
+import numpy as np
+import torch
+from sklearn.utils.multiclass import check_classification_targets
+
+__all__ = [
+    "UNLABELED",
+    "as_tensor",
+    "split_sample_shape",
+    "to_model_layout",
+    "encode_semi_supervised_labels",
+    "resolve_device",
+]
+
+#: The label that marks an unlabeled sample (scikit-learn's convention).
+UNLABELED = -1
+
+
+def split_sample_shape(X):
+    """Flatten samples of any rank to rows; return the rows and one sample's shape.
+
+    scikit-learn's validation works on 2-D rows, so image batches of shape
+    ``(n, h, w)`` or ``(n, c, h, w)`` are validated as ``(n, h*w*c)`` rows and
+    reshaped again afterwards. Other inputs (lists, DataFrames) are returned
+    as they are, with ``None`` for the shape.
+    """
+    if hasattr(X, "ndim") and hasattr(X, "reshape") and X.ndim > 2:
+        if X.ndim > 4:
+            raise ValueError(
+                f"X has {X.ndim} dimensions; expected 2-D rows, (n, h, w) "
+                "grey images or (n, c, h, w) images."
+            )
+        X = np.asarray(X)
+        return X.reshape(X.shape[0], -1), tuple(X.shape[1:])
+    return X, None
+
+
+def resolve_image_shape(sample_shape, input_shape, n_features):
+    """The ``(channels, height, width)`` of one image, or None for feature rows.
+
+    Parameters
+    ----------
+    sample_shape : tuple of int or None
+        Shape of one sample as passed (None for 2-D rows).
+    input_shape : tuple of int or None
+        The estimator's ``input_shape`` parameter.
+    n_features : int
+        Number of values per sample.
+    """
+    if input_shape is not None:
+        shape = tuple(int(v) for v in input_shape)
+        if len(shape) == 2:
+            shape = (1, *shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(
+                f"input_shape must be (height, width) or (channels, height, "
+                f"width) of positive sizes; got {input_shape!r}."
+            )
+        if math.prod(shape) != n_features:
+            raise ValueError(
+                f"input_shape={tuple(input_shape)} holds {math.prod(shape)} values "
+                f"but each sample of X has {n_features}; pass the shape of one "
+                "image, or leave input_shape=None for feature vectors."
+            )
+        return shape
+    if sample_shape is None:
+        return None
+    if len(sample_shape) == 2:
+        return (1, *sample_shape)
+    return tuple(sample_shape)
+
+
+def as_tensor(array):
+    """A torch view of a NumPy array, read-only arrays included.
+
+    torch warns on read-only arrays (memory maps, ``np.frombuffer``) because
+    writing through the tensor would be undefined; skassoc never writes into
+    its inputs, so the view is safe and spares a copy.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return torch.as_tensor(array)
+
+
+def to_model_layout(rows, image_shape):
+    """Reshape validated rows to what the network takes, in its storage dtype.
+
+    uint8 pixels stay uint8 (a quarter of the memory, on the host and on the
+    GPU; networks convert per batch); everything else becomes float32.
+    """
+    if rows.dtype != np.uint8:
+        rows = rows.astype(np.float32, copy=False)
+    if image_shape is None:
+        return rows
+    return rows.reshape(rows.shape[0], *image_shape)
+
+
+def encode_semi_supervised_labels(y):
+    """Split ``y`` into labeled samples and classes, with ``-1`` as unlabeled.
+
+    Parameters
+    ----------
+    y : ndarray of shape (n_samples,)
+        Labels of any type scikit-learn accepts; ``-1`` marks unlabeled samples.
+
+    Returns
+    -------
+    classes : ndarray of shape (n_classes,)
+        Sorted distinct labels of the labeled samples.
+    encoded : ndarray of shape (n_samples,)
+        Index into ``classes`` of every sample, ``-1`` for unlabeled ones.
+    """
+    y = np.asarray(y)
+    if y.dtype.kind in "US":
+        raise ValueError(
+            "y is a string array, which cannot hold the unlabeled marker -1. "
+            "Use an object array (y.astype(object)) and set unlabeled entries "
+            "to the integer -1."
+        )
+    labeled = np.asarray(y != UNLABELED, dtype=bool)
+    if not labeled.any():
+        raise ValueError(
+            "Every label in y is -1 (unlabeled). Association training needs "
+            "labeled samples of at least two classes."
+        )
+    check_classification_targets(y[labeled])
+    classes, encoded_labeled = np.unique(y[labeled], return_inverse=True)
+    if len(classes) < 2:
+        raise ValueError(
+            f"The labeled samples hold a single class ({classes[0]!r}); this "
+            "classifier needs labeled samples of at least two classes."
+        )
+    encoded = np.full(y.shape[0], UNLABELED, dtype=np.int64)
+    encoded[labeled] = encoded_labeled
+    return classes, encoded
+
+
+def resolve_device(device):
+    """Turn the ``device`` parameter into a :class:`torch.device` that exists here."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device={device!r} is not a device torch knows; use 'auto', 'cpu', "
+            "'cuda' or 'cuda:N'."
+        ) from exc
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device!r} but CUDA is not available on this machine "
+                "(no GPU, or torch was built without CUDA). Use device='cpu' or "
+                "device='auto'."
+            )
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={device!r} but this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s)."
+            )
+    elif resolved.type != "cpu":
+        raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
+    return resolved
