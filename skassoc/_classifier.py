@@ -534,6 +534,7 @@ class SemiSupervisedAssociationClassifier(
         y_pred : ndarray of shape (n_samples,)
             Labels from :attr:`classes_`.
         """
+        check_is_fitted(self)
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
 
     def transform(self, X):
@@ -579,4 +580,6 @@ class SemiSupervisedAssociationClassifier(
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.three_d_array = True
+        # The network computes in float32 whatever the input dtype.
+        tags.transformer_tags.preserves_dtype = ["float32"]
         return tags

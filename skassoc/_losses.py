@@ -47,12 +47,15 @@ def association_matrices(a, b):
     -----
     The similarity is the raw dot product ``M = a @ b.T`` (no temperature, no
     normalisation), as in the paper. The softmaxes subtract the row maximum,
-    so large embedding norms do not overflow. They are computed in float32
-    even under autocast: the round-trip probabilities of a bf16 softmax are
-    too coarse for the walker loss.
+    so large embedding norms do not overflow. They are computed in at least
+    float32 (float64 inputs stay float64), also for bf16 embeddings from
+    autocast: the round-trip probabilities of a bf16 softmax are too coarse
+    for the walker loss.
     """
-    a = a.float()
-    b = b.float()
+    # Raise bf16/fp16 to float32, but keep float64 (do not downcast it).
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    a = a.to(dtype)
+    b = b.to(dtype)
     match = a @ b.T
     p_ab = torch.softmax(match, dim=1)
     p_ba = torch.softmax(match.T, dim=1)

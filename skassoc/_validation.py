@@ -105,7 +105,8 @@ def encode_semi_supervised_labels(y):
     Parameters
     ----------
     y : ndarray of shape (n_samples,)
-        Labels of any type scikit-learn accepts; ``-1`` marks unlabeled samples.
+        Labels of any type scikit-learn accepts; ``-1`` marks unlabeled samples
+        (the string ``"-1"`` in string arrays).
 
     Returns
     -------
@@ -115,13 +116,10 @@ def encode_semi_supervised_labels(y):
         Index into ``classes`` of every sample, ``-1`` for unlabeled ones.
     """
     y = np.asarray(y)
-    if y.dtype.kind in "US":
-        raise ValueError(
-            "y is a string array, which cannot hold the unlabeled marker -1. "
-            "Use an object array (y.astype(object)) and set unlabeled entries "
-            "to the integer -1."
-        )
-    labeled = np.asarray(y != UNLABELED, dtype=bool)
+    # NumPy turns the -1 of np.where(mask, string_labels, -1) into "-1", so in
+    # string arrays that string marks unlabeled samples too.
+    marker = str(UNLABELED) if y.dtype.kind in "US" else UNLABELED
+    labeled = np.asarray(y != marker, dtype=bool)
     if not labeled.any():
         raise ValueError(
             "Every label in y is -1 (unlabeled). Association training needs "
@@ -131,7 +129,7 @@ def encode_semi_supervised_labels(y):
     classes, encoded_labeled = np.unique(y[labeled], return_inverse=True)
     if len(classes) < 2:
         raise ValueError(
-            f"The labeled samples hold a single class ({classes[0]!r}); this "
+            f"The labeled samples hold only one class ({classes[0]!r}); this "
             "classifier needs labeled samples of at least two classes."
         )
     encoded = np.full(y.shape[0], UNLABELED, dtype=np.int64)

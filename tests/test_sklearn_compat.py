@@ -1,0 +1,34 @@
+"""scikit-learn's own estimator checks, run on a small, fast configuration."""
+
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from skassoc import SemiSupervisedAssociationClassifier
+
+
+def fast_classifier():
+    return SemiSupervisedAssociationClassifier(
+        hidden_layer_sizes=(32,),
+        embedding_dim=16,
+        labeled_per_class=5,
+        unlabeled_batch_size=32,
+        max_iter=60,
+        learning_rate=1e-2,
+        device="cpu",
+        random_state=0,
+    )
+
+
+EXPECTED_FAILED_CHECKS = {
+    "check_classifiers_classes": (
+        "the check trains on labels {-1, 1}; -1 marks unlabeled samples "
+        "(scikit-learn's semi-supervised convention), leaving one class"
+    ),
+}
+
+
+@parametrize_with_checks(
+    [fast_classifier()],
+    expected_failed_checks=lambda estimator: EXPECTED_FAILED_CHECKS,
+)
+def test_sklearn_compatible_estimator(estimator, check):
+    check(estimator)
