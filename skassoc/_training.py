@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from ._augmentation import ImageAugmentation
 from ._losses import (
     association_matrices,
     classification_loss,
@@ -52,6 +53,8 @@ class TrainingConfig:
     channels_last: bool
     log_interval: int
     verbose: int
+    augmentation: dict | None = None
+    ema_decay: float | None = None
 
 
 @dataclass
@@ -117,6 +120,19 @@ class _AssociationStep:
         self.weights, self.scales = weight_tensors(
             model, config.l2_scale, config.logit_l2_scale
         )
+        self.augment = (
+            ImageAugmentation(**config.augmentation).to(device)
+            if config.augmentation is not None
+            else None
+        )
+        self.params = list(model.parameters())
+        # An exponential moving average of the weights, updated inside the
+        # step (so inside the CUDA graph); the model takes it at the end.
+        self.ema_params = (
+            [param.detach().clone() for param in self.params]
+            if config.ema_decay is not None
+            else None
+        )
         # Device-side counters, so neither the weight ramp nor the loss
         # bookkeeping needs the host.
         self.step_count = torch.zeros((), device=device)
@@ -133,11 +149,19 @@ class _AssociationStep:
             return ramp.clamp(0.0, 1.0)
         return (self.step_count >= config.association_delay).float()
 
+    def use_average_weights(self):
+        """Copy the moving average of the weights into the model, if kept."""
+        if self.ema_params is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.ema_params)
+
     def __call__(self):
         config = self.config
         labeled, unlabeled = self.sampler.sample()
         labels = self.sampler.labels
         batch = self.data[torch.cat([labeled, unlabeled])].float()
+        if self.augment is not None:
+            batch = self.augment(batch)
         batch = batch.contiguous(memory_format=self.memory_format)
         with autocast_context(self.device, config.precision):
             embeddings = self.model.embedder(batch)
@@ -158,6 +182,11 @@ class _AssociationStep:
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         self.optimizer.step()
+        if self.ema_params is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(
+                    self.ema_params, self.params, 1.0 - self.config.ema_decay
+                )
 
         terms = torch.stack([total, walker, visit, logit]).detach()
         bad = (self.first_nonfinite_step < 0) & ~torch.isfinite(terms).all()
@@ -304,6 +333,7 @@ def train(model, data, sampler, config, device):
             read_losses(completed)
     finally:
         progress.close()
+    step.use_average_weights()
     result.n_iter = completed
     model.eval()
     return result

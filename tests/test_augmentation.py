@@ -1,0 +1,125 @@
+import numpy as np
+import pytest
+import torch
+
+from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._augmentation import ImageAugmentation, resolve_augmentation
+
+
+@pytest.fixture
+def images():
+    torch.manual_seed(0)
+    return torch.rand(6, 3, 12, 10) * 255
+
+
+def test_no_op_settings_return_the_input(images):
+    augment = ImageAugmentation(
+        affine_std=0, translate_std=0, blur_probability=0, invert_probability=0
+    )
+    torch.testing.assert_close(augment(images), images)
+
+
+def test_identity_affine_warp_keeps_pixels(images):
+    # Zero noise is the identity map; bilinear sampling at pixel centres must
+    # then reproduce the image.
+    augment = ImageAugmentation(
+        affine_std=0, translate_std=0, blur_probability=0, invert_probability=0
+    )
+    out = augment._affine(images, 12, 10)
+    torch.testing.assert_close(out, images, atol=1e-3, rtol=0)
+
+
+def test_whole_pixel_translation_shifts_the_image():
+    image = torch.zeros(1, 1, 9, 9)
+    image[0, 0, 4, 4] = 255
+    augment = ImageAugmentation(affine_std=0, translate_std=1.0, blur_probability=0)
+    torch.manual_seed(0)
+    out = augment(image)
+    # The bright pixel moved, and a bilinear warp keeps the total mass
+    # approximately (reflection keeps it inside).
+    assert out[0, 0, 4, 4] < 255
+    assert out.sum().item() == pytest.approx(255, rel=0.05)
+
+
+def test_inversion_with_probability_one(images):
+    augment = ImageAugmentation(
+        affine_std=0, translate_std=0, blur_probability=0, invert_probability=1
+    )
+    torch.testing.assert_close(augment(images), (images - 255).abs())
+
+
+def test_blur_smooths_and_keeps_the_mean():
+    torch.manual_seed(0)
+    noise = torch.rand(4, 1, 16, 16) * 255
+    augment = ImageAugmentation(affine_std=0, translate_std=0, blur_probability=1)
+    out = augment(noise)
+    assert out.std() < 0.5 * noise.std()
+    assert out.mean().item() == pytest.approx(noise.mean().item(), rel=0.05)
+
+
+def test_blur_probability_is_per_image():
+    torch.manual_seed(0)
+    noise = torch.rand(400, 1, 8, 8) * 255
+    augment = ImageAugmentation(affine_std=0, translate_std=0, blur_probability=0.5)
+    out = augment(noise)
+    changed = (out - noise).abs().flatten(1).amax(1) > 1e-3
+    assert 0.35 < changed.float().mean().item() < 0.65
+
+
+def test_resolve_augmentation():
+    assert resolve_augmentation(None) is None
+    assert resolve_augmentation("paper")["affine_std"] == 0.15
+    assert resolve_augmentation({"invert_probability": 0.5})["blur_probability"] == 0.5
+    with pytest.raises(ValueError, match="Unknown augmentation"):
+        resolve_augmentation({"rotate": 1})
+    with pytest.raises(ValueError, match="probability"):
+        resolve_augmentation({"blur_probability": 2})
+
+
+def _digit_images(n=300):
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X = (X[:n] * 15).astype(np.uint8).reshape(-1, 8, 8)
+    y = y[:n].copy()
+    y[np.arange(n) % 3 != 0] = -1
+    return X, y
+
+
+def test_fit_with_augmentation_on_images():
+    X, y = _digit_images()
+    clf = SemiSupervisedAssociationClassifier(
+        augmentation="paper", max_iter=5, device="cpu", random_state=0
+    )
+    assert clf.fit(X, y).predict(X).shape == (len(X),)
+
+
+def test_augmentation_needs_images():
+    X, y = _digit_images()
+    clf = SemiSupervisedAssociationClassifier(
+        augmentation="paper", max_iter=5, device="cpu"
+    )
+    with pytest.raises(ValueError, match="needs image inputs"):
+        clf.fit(X.reshape(len(X), -1), y)
+
+
+def test_ema_decay_zero_is_the_last_step_and_high_decay_stays_at_init():
+    X, y = _digit_images()
+    params = dict(network="mlp", hidden_layer_sizes=(16,), max_iter=30, device="cpu")
+    plain = SemiSupervisedAssociationClassifier(**params, random_state=0).fit(X, y)
+    ema0 = SemiSupervisedAssociationClassifier(
+        **params, ema_decay=0.0, random_state=0
+    ).fit(X, y)
+    np.testing.assert_allclose(ema0.predict_proba(X), plain.predict_proba(X))
+
+    def weights(**extra):
+        clf = SemiSupervisedAssociationClassifier(**{**params, **extra}).fit(X, y)
+        return torch.cat([p.detach().flatten() for p in clf.model_.parameters()])
+
+    # An average that barely moves stays at the initial weights, which are
+    # the same for every fit with the same seed.
+    start = weights(max_iter=1, ema_decay=0.999999, random_state=0)
+    averaged = weights(ema_decay=0.999999, random_state=0)
+    trained = weights(random_state=0)
+    assert (averaged - start).abs().max() < 1e-4
+    assert (trained - start).abs().max() > 1e-2
