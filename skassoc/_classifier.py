@@ -177,7 +177,9 @@ class SemiSupervisedAssociationClassifier(
     history_ : dict of lists
         Loss curves: ``"step"``, ``"learning_rate"``, ``"total"``,
         ``"walker"``, ``"visit"`` and ``"logit"``, each entry the mean over the
-        steps since the previous entry.
+        steps since the previous entry. ``"total"`` is the weighted sum of the
+        three losses; the L2 penalty is applied as Adam's weight decay (the
+        same gradient) and is not part of it.
     device_ : torch.device
         Where the model lives.
 
