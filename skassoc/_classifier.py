@@ -20,6 +20,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._augmentation import resolve_augmentation
 from ._networks import AssociationModel, auto_network_name, build_network
+from ._persistence import load_model, save_model
 from ._sampling import AssociationBatchSampler
 from ._training import (
     TrainingConfig,
@@ -587,6 +588,52 @@ class SemiSupervisedAssociationClassifier(
         return self.embedding_dim_
 
     # ---------------------------------------------------------- persistence
+
+    def save(self, path):
+        """Save the fitted estimator to one file, without pickle.
+
+        The file is a zip archive of the parameters and fitted attributes as
+        JSON and the network weights, which :meth:`load` reads back with
+        torch's ``weights_only`` loader: loading it executes no code, unlike
+        a pickle or joblib file.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Where to write the model (extension ``.skassoc`` suggested).
+
+        Raises
+        ------
+        ValueError
+            If the estimator uses a custom ``torch.nn.Module`` network, or a
+            parameter or label cannot be stored as JSON.
+        """
+        save_model(self, path)
+
+    @classmethod
+    def load(cls, path, *, device="auto"):
+        """Load an estimator saved by :meth:`save`; runs no code from the file.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The model file.
+        device : str or torch.device, default="auto"
+            Where to place the model ("auto": a GPU when there is one). A
+            model saved on a GPU loads on a CPU-only machine.
+
+        Returns
+        -------
+        estimator : SemiSupervisedAssociationClassifier
+            The fitted estimator.
+
+        Raises
+        ------
+        ValueError
+            If the file is not a valid skassoc model file (truncated,
+            tampered with, or from an incompatible version).
+        """
+        return load_model(path, device=device)
 
     def __getstate__(self):
         # Pickle the model on the CPU, so that a model trained on a GPU loads

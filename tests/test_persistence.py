@@ -1,0 +1,529 @@
+"""save_model / load_model: exact round trips, and no code run on load."""
+
+import copy
+import hashlib
+import io
+import json
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.datasets import load_digits
+from sklearn.exceptions import NotFittedError
+from torch import nn
+
+import skassoc
+from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._persistence import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    METADATA_MEMBER,
+    WEIGHTS_MEMBER,
+    load_model,
+    save_model,
+)
+
+INVALID = "is not a valid skassoc model file"
+
+
+def small_classifier(**params):
+    defaults = dict(
+        hidden_layer_sizes=(32,),
+        embedding_dim=16,
+        labeled_per_class=5,
+        unlabeled_batch_size=32,
+        max_iter=30,
+        learning_rate=1e-2,
+        device="cpu",
+        random_state=0,
+    )
+    return SemiSupervisedAssociationClassifier(**{**defaults, **params})
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:300], y[:300]
+    # Half the labels hidden: the semi-supervised case the format must carry.
+    y_semi = np.where(np.random.RandomState(0).rand(len(y)) < 0.5, y, -1)
+    return X, y_semi
+
+
+@pytest.fixture(scope="module")
+def fitted_mlp(digits):
+    X, y = digits
+    return small_classifier().fit(X, y)
+
+
+@pytest.fixture
+def saved(fitted_mlp, tmp_path):
+    path = tmp_path / "model.skassoc"
+    save_model(fitted_mlp, path)
+    return path
+
+
+def read_members(path):
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read(METADATA_MEMBER)), archive.read(WEIGHTS_MEMBER)
+
+
+def write_members(path, metadata=None, weights=None):
+    """Write a model archive by hand, as an attacker or a bad disk might."""
+    with zipfile.ZipFile(path, "w") as archive:
+        if metadata is not None:
+            text = metadata if isinstance(metadata, str) else json.dumps(metadata)
+            archive.writestr(METADATA_MEMBER, text)
+        if weights is not None:
+            archive.writestr(WEIGHTS_MEMBER, weights)
+
+
+def assert_same_model(loaded, original, X):
+    for name in ["network_", "embedding_dim_", "n_features_in_", "n_iter_"]:
+        assert getattr(loaded, name) == getattr(original, name), name
+    assert loaded.classes_.dtype == original.classes_.dtype
+    np.testing.assert_array_equal(loaded.classes_, original.classes_)
+    assert loaded.input_shape_ == original.input_shape_
+    assert loaded.history_ == original.history_
+    assert loaded.get_params() == original.get_params()
+    # Tuples come back as tuples, not as JSON's lists.
+    for name, value in original.get_params().items():
+        assert type(loaded.get_params()[name]) is type(value), name
+    np.testing.assert_array_equal(loaded.predict_proba(X), original.predict_proba(X))
+    np.testing.assert_array_equal(loaded.transform(X), original.transform(X))
+    np.testing.assert_array_equal(loaded.predict(X), original.predict(X))
+    state, original_state = loaded.model_.state_dict(), original.model_.state_dict()
+    assert state.keys() == original_state.keys()
+    for key, tensor in original_state.items():
+        torch.testing.assert_close(state[key].cpu(), tensor.cpu(), rtol=0, atol=0)
+    assert not loaded.model_.training
+
+
+# ------------------------------------------------------------ round trips
+
+
+def test_round_trip_mlp(fitted_mlp, saved, digits):
+    loaded = load_model(saved, device="cpu")
+    assert isinstance(loaded, SemiSupervisedAssociationClassifier)
+    assert loaded.device_ == torch.device("cpu")
+    assert not hasattr(loaded, "feature_names_in_")
+    assert_same_model(loaded, fitted_mlp, digits[0])
+
+
+def test_default_device_is_auto(saved):
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert load_model(saved).device_.type == expected
+
+
+@pytest.mark.parametrize("kind", ["object", "unicode"])
+def test_round_trip_string_classes_and_feature_names(kind, digits, tmp_path):
+    pd = pytest.importorskip("pandas")
+    X, y = digits
+    names = np.array([f"digit{d}" for d in range(10)], dtype=object)
+    if kind == "object":
+        # What a pandas column of str gives; -1 (an int) marks unlabeled.
+        y_str = np.where(y >= 0, names[np.maximum(y, 0)], -1)
+        assert y_str.dtype == object
+    else:
+        y_str = np.where(y >= 0, names[np.maximum(y, 0)].astype(str), "-1")
+        assert y_str.dtype.kind == "U"
+    frame = pd.DataFrame(X, columns=[f"pixel{i}" for i in range(X.shape[1])])
+    clf = small_classifier().fit(frame, y_str)
+    path = tmp_path / "strings.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert loaded.classes_.dtype == clf.classes_.dtype
+    assert loaded.feature_names_in_.dtype == object
+    np.testing.assert_array_equal(loaded.feature_names_in_, clf.feature_names_in_)
+    assert_same_model(loaded, clf, frame)
+    assert loaded.predict(frame)[0] in set(names)
+    np.testing.assert_array_equal(
+        loaded.get_feature_names_out(), clf.get_feature_names_out()
+    )
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        np.array([1.0, 2.0, 5.0]),
+        np.array([-2.0, 0.0, 3.0], dtype=np.float32),
+        np.array([3, 7, 1000], dtype=np.int32),
+    ],
+    ids=["float64", "float32", "int32"],
+)
+def test_round_trip_numeric_class_dtypes(labels, digits, tmp_path):
+    X, y = digits
+    keep = y < 3  # labeled samples of three classes plus the unlabeled ones
+    y3 = np.where(y[keep] >= 0, labels[np.maximum(y[keep], 0)], -1)
+    y3 = y3.astype(labels.dtype)
+    clf = small_classifier().fit(X[keep], y3)
+    assert clf.classes_.dtype == labels.dtype
+    path = tmp_path / "numeric.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert_same_model(loaded, clf, X[keep])
+
+
+def test_round_trip_image_network(digits, tmp_path):
+    X, y = digits
+    clf = small_classifier(input_shape=(8, 8), max_iter=20).fit(X, y)
+    assert clf.network_ == "mnist" and clf.input_shape_ == (1, 8, 8)
+    path = tmp_path / "image.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert_same_model(loaded, clf, X)
+    # Image batches as (n, h, w) work on the loaded model as on the original.
+    np.testing.assert_array_equal(
+        loaded.predict_proba(X.reshape(-1, 8, 8)), clf.predict_proba(X)
+    )
+
+
+def test_architecture_comes_from_the_fitted_network(fitted_mlp, digits, tmp_path):
+    # set_params after fit must not change the network that gets rebuilt.
+    clf = copy.deepcopy(fitted_mlp).set_params(hidden_layer_sizes=(64, 64))
+    path = tmp_path / "changed.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert loaded.hidden_layer_sizes == (64, 64)
+    np.testing.assert_array_equal(
+        loaded.predict_proba(digits[0]), fitted_mlp.predict_proba(digits[0])
+    )
+
+
+def test_loaded_model_can_warm_start_and_be_cloned(saved, digits):
+    X, y = digits
+    loaded = load_model(saved, device="cpu")
+    assert clone(loaded).get_params() == loaded.get_params()
+    loaded.set_params(warm_start=True, max_iter=10).fit(X, y)
+    assert loaded.n_iter_ == 10
+
+
+def test_metadata_is_plain_json(fitted_mlp, saved):
+    metadata, weights = read_members(saved)
+    assert metadata["format"] == FORMAT_NAME
+    assert metadata["format_version"] == FORMAT_VERSION
+    assert metadata["skassoc_version"] == skassoc.__version__
+    assert metadata["torch_version"] == str(torch.__version__)
+    assert metadata["weights_sha256"] == hashlib.sha256(weights).hexdigest()
+    assert metadata["params"]["device"] == "cpu"
+    assert metadata["params"]["hidden_layer_sizes"] == [32]
+    assert "hidden_layer_sizes" in metadata["tuple_params"]
+    fitted = metadata["fitted"]
+    assert fitted["classes"]["values"] == list(range(10))
+    assert fitted["network"] == "mlp" and fitted["input_shape"] is None
+    assert fitted["n_iter"] == fitted_mlp.n_iter_
+
+
+def test_save_replaces_file_and_leaves_no_temporary(fitted_mlp, tmp_path):
+    path = tmp_path / "model.skassoc"
+    path.write_bytes(b"old contents")
+    save_model(fitted_mlp, str(path))
+    assert zipfile.is_zipfile(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.skassoc"]
+
+
+def test_load_leaves_torch_random_state_alone(saved):
+    # Building the network draws initial weights; the caller must not notice.
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_model(saved, device="cpu")
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# ------------------------------------------------------------ safety
+
+
+def test_weights_are_read_with_weights_only(saved, monkeypatch):
+    calls = []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    load_model(saved, device="cpu")
+    assert calls and all(call.get("weights_only") is True for call in calls)
+    assert all(call.get("map_location") == "cpu" for call in calls)
+
+
+class _WritesMarker:
+    """An object whose unpickling runs code: it writes a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_malicious_weights_run_no_code(writer, saved, tmp_path):
+    # The payload is real: plain pickle runs it.
+    control = tmp_path / "control"
+    pickle.loads(pickle.dumps(_WritesMarker(control)))
+    assert control.exists()
+
+    marker = tmp_path / "marker"
+    payload = {"logits.weight": _WritesMarker(marker)}
+    if writer == "pickle":
+        evil = pickle.dumps(payload)
+    else:
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        evil = buffer.getvalue()
+    metadata, _ = read_members(saved)
+    # A matching checksum: the attacker controls the whole file, so the
+    # checksum cannot be what stops this; weights_only must.
+    metadata["weights_sha256"] = hashlib.sha256(evil).hexdigest()
+    write_members(saved, metadata, evil)
+    with pytest.raises(ValueError, match=INVALID):
+        load_model(saved, device="cpu")
+    assert not marker.exists()
+
+
+def test_non_tensor_state_dict_is_rejected(saved):
+    buffer = io.BytesIO()
+    torch.save({"logits.weight": [1.0, 2.0]}, buffer)
+    metadata, _ = read_members(saved)
+    metadata["weights_sha256"] = hashlib.sha256(buffer.getvalue()).hexdigest()
+    write_members(saved, metadata, buffer.getvalue())
+    with pytest.raises(ValueError, match="not a tensor state dict"):
+        load_model(saved, device="cpu")
+
+
+# ------------------------------------------------------------ bad files
+
+
+def test_newer_format_version_asks_to_upgrade(saved):
+    metadata, weights = read_members(saved)
+    metadata["format_version"] = FORMAT_VERSION + 1
+    write_members(saved, metadata, weights)
+    with pytest.raises(ValueError, match=rf"format version {FORMAT_VERSION + 1}.*"):
+        load_model(saved, device="cpu")
+    with pytest.raises(ValueError, match="Upgrade skassoc"):
+        load_model(saved, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("format", "something-else"), ("format_version", "1"), ("format_version", 0)],
+)
+def test_wrong_format_fields(saved, field, value):
+    metadata, weights = read_members(saved)
+    metadata[field] = value
+    write_members(saved, metadata, weights)
+    with pytest.raises(ValueError, match=INVALID):
+        load_model(saved, device="cpu")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.95, 10])
+def test_truncated_file(saved, keep):
+    data = saved.read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else keep
+    saved.write_bytes(data[:cut])
+    with pytest.raises(ValueError, match=INVALID) as info:
+        load_model(saved, device="cpu")
+    assert str(saved) in str(info.value)
+
+
+def test_tampered_weights_fail_the_checksum(saved):
+    metadata, weights = read_members(saved)
+    tampered = bytearray(weights)
+    # Flip bytes in the tensor data near the end, past the pickle header.
+    for i in range(len(tampered) - 600, len(tampered) - 590):
+        tampered[i] ^= 0xFF
+    write_members(saved, metadata, bytes(tampered))
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_model(saved, device="cpu")
+
+
+def test_corrupted_archive_bytes(saved):
+    data = bytearray(saved.read_bytes())
+    start = data.find(b"logits.weight")  # inside the stored weights member
+    assert start > 0
+    data[start : start + 4] = b"XXXX"
+    saved.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=INVALID):
+        load_model(saved, device="cpu")
+
+
+@pytest.mark.parametrize("missing", [METADATA_MEMBER, WEIGHTS_MEMBER])
+def test_missing_member(saved, missing):
+    metadata, weights = read_members(saved)
+    if missing == METADATA_MEMBER:
+        write_members(saved, None, weights)
+    else:
+        write_members(saved, metadata, None)
+    with pytest.raises(ValueError, match=f"{INVALID}: the archive has no {missing}"):
+        load_model(saved, device="cpu")
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage, not a zip" * 100])
+def test_not_a_zip(tmp_path, content):
+    path = tmp_path / "garbage.skassoc"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=INVALID):
+        load_model(path, device="cpu")
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "\udcff"])
+def test_bad_metadata_json(saved, text):
+    _, weights = read_members(saved)
+    with zipfile.ZipFile(saved, "w") as archive:
+        archive.writestr(METADATA_MEMBER, text.encode("utf-8", "surrogateescape"))
+        archive.writestr(WEIGHTS_MEMBER, weights)
+    with pytest.raises(ValueError, match=INVALID):
+        load_model(saved, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m["fitted"].update(embedding_dim=17),
+        lambda m: m["fitted"].update(n_features_in=65),
+        lambda m: m["fitted"].update(hidden_layer_sizes=[33]),
+        lambda m: m["fitted"]["classes"]["values"].append(10),
+        lambda m: m["fitted"].update(network="svhn"),
+    ],
+    ids=["embedding_dim", "n_features", "hidden", "n_classes", "network"],
+)
+def test_weights_that_do_not_fit_the_metadata(saved, edit):
+    metadata, weights = read_members(saved)
+    edit(metadata)
+    write_members(saved, metadata, weights)
+    with pytest.raises(ValueError, match=INVALID):
+        load_model(saved, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m["fitted"].pop("history"),
+        lambda m: m["fitted"].update(input_shape=[1, -8, 8]),
+        lambda m: m["fitted"]["classes"].update(dtype="<U2", values=["abc", "d"]),
+        lambda m: m["fitted"]["classes"].update(dtype="V8"),
+        lambda m: m["params"].update(unknown_param=1),
+        lambda m: m["params"].update(predict_batch_size=-3),
+        lambda m: m.pop("weights_sha256"),
+    ],
+    ids=[
+        "no-history",
+        "shape",
+        "truncating-dtype",
+        "void-dtype",
+        "unknown-param",
+        "bad-param",
+        "no-checksum",
+    ],
+)
+def test_malformed_metadata(saved, edit):
+    metadata, weights = read_members(saved)
+    edit(metadata)
+    write_members(saved, metadata, weights)
+    with pytest.raises(ValueError, match=INVALID):
+        load_model(saved, device="cpu")
+
+
+def test_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_model(tmp_path / "nowhere.skassoc", device="cpu")
+
+
+# ------------------------------------------------------------ what cannot be saved
+
+
+def test_custom_module_cannot_be_saved(digits, tmp_path):
+    X, y = digits
+    network = nn.Sequential(nn.Linear(64, 8), nn.ELU())
+    clf = small_classifier(network=network, max_iter=5).fit(X, y)
+    path = tmp_path / "custom.skassoc"
+    with pytest.raises(ValueError, match=r"custom torch.nn.Module.*state_dict"):
+        save_model(clf, path)
+    assert not path.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unfitted_estimator_cannot_be_saved(tmp_path):
+    with pytest.raises(NotFittedError):
+        save_model(small_classifier(), tmp_path / "m.skassoc")
+
+
+def test_random_state_instance_cannot_be_saved(fitted_mlp, tmp_path):
+    clf = copy.deepcopy(fitted_mlp).set_params(random_state=np.random.RandomState(0))
+    with pytest.raises(ValueError, match="random_state"):
+        save_model(clf, tmp_path / "m.skassoc")
+
+
+def test_unsupported_labels_cannot_be_saved(fitted_mlp, tmp_path):
+    clf = copy.deepcopy(fitted_mlp)
+    clf.classes_ = np.empty(10, dtype=object)
+    clf.classes_[:] = [frozenset({i}) for i in range(10)]
+    with pytest.raises(ValueError, match="classes_"):
+        save_model(clf, tmp_path / "m.skassoc")
+
+
+# ------------------------------------------------------------ devices
+
+
+def test_model_saved_on_cuda_loads_on_cpu(fitted_mlp, saved, digits):
+    # What a GPU machine writes: the weights are always stored on the CPU, so
+    # only the metadata says "cuda".
+    metadata, weights = read_members(saved)
+    metadata["params"]["device"] = "cuda"
+    metadata["fitted"]["device"] = "cuda:0"
+    write_members(saved, metadata, weights)
+    loaded = load_model(saved, device="cpu")
+    assert loaded.device_ == torch.device("cpu")
+    assert loaded.get_params()["device"] == "cuda"
+    assert next(loaded.model_.parameters()).device.type == "cpu"
+    np.testing.assert_array_equal(
+        loaded.predict_proba(digits[0]), fitted_mlp.predict_proba(digits[0])
+    )
+
+
+def test_unavailable_device_is_refused(saved):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        load_model(saved, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("input_shape", [None, (8, 8)], ids=["mlp", "mnist"])
+def test_cuda_round_trip(digits, tmp_path, input_shape):
+    X, y = digits
+    clf = small_classifier(
+        device="cuda", precision="fp32", input_shape=input_shape
+    ).fit(X, y)
+    path = tmp_path / "cuda.skassoc"
+    save_model(clf, path)
+    on_gpu = load_model(path, device="cuda")
+    assert on_gpu.device_.type == "cuda"
+    assert next(on_gpu.model_.parameters()).is_cuda
+    np.testing.assert_allclose(
+        on_gpu.predict_proba(X), clf.predict_proba(X), rtol=1e-5, atol=1e-6
+    )
+    on_cpu = load_model(path, device="cpu")
+    assert next(on_cpu.model_.parameters()).device.type == "cpu"
+    np.testing.assert_allclose(
+        on_cpu.predict_proba(X), clf.predict_proba(X), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        on_cpu.transform(X), clf.transform(X), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_estimator_save_and_load_methods(fitted_mlp, digits, tmp_path):
+    X, _ = digits
+    path = tmp_path / "model.skassoc"
+    fitted_mlp.save(path)
+    loaded = SemiSupervisedAssociationClassifier.load(path, device="cpu")
+    assert_same_model(loaded, fitted_mlp, X)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match="not a valid skassoc model file"):
+        SemiSupervisedAssociationClassifier.load(path)
