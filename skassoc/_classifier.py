@@ -32,6 +32,7 @@ from ._training import (
 from ._validation import (
     UNLABELED,
     as_tensor,
+    check_sample_shape,
     encode_semi_supervised_labels,
     resolve_device,
     resolve_image_shape,
@@ -337,11 +338,20 @@ class SemiSupervisedAssociationClassifier(
 
     def _fit(self, X, y):
         device = resolve_device(self.device)
+        warm = self.warm_start and hasattr(self, "model_")
+        # validate_data resets n_features_in_: keep the previous fit's inputs.
+        previous_inputs = (self.n_features_in_, self.input_shape_) if warm else None
         rows, sample_shape = split_sample_shape(X)
         rows, y = validate_data(self, rows, y, dtype="numeric", y_numeric=False)
         image_shape = resolve_image_shape(sample_shape, self.input_shape, rows.shape[1])
+        if warm and (rows.shape[1], image_shape) != previous_inputs:
+            raise ValueError(
+                "warm_start=True needs inputs shaped like those of the previous "
+                f"fit ({previous_inputs[0]} features, image shape "
+                f"{previous_inputs[1]}); got {rows.shape[1]} features, image "
+                f"shape {image_shape}. Set warm_start=False to train a new model."
+            )
         classes, encoded = encode_semi_supervised_labels(y)
-        warm = self.warm_start and hasattr(self, "model_")
         if warm and not np.array_equal(classes, self.classes_):
             raise ValueError(
                 "warm_start=True needs the classes of the previous fit "
@@ -450,19 +460,21 @@ class SemiSupervisedAssociationClassifier(
             )
             if name == "mlp":
                 embedder.fit_normalization(as_tensor(data).flatten(1))
-        embedding_dim = self._probe_embedding_dim(embedder, data)
+        # A custom module may already live on a GPU: probe it on the device.
+        embedder = embedder.to(device)
+        embedding_dim = self._probe_embedding_dim(embedder, data, device)
         model = AssociationModel(embedder, embedding_dim, n_classes).to(device)
         if device.type == "cuda" and data.ndim == 4:
             model = model.to(memory_format=torch.channels_last)
         return model, name
 
     @staticmethod
-    def _probe_embedding_dim(embedder, data):
+    def _probe_embedding_dim(embedder, data, device):
         """Run two samples through the embedder and check its output shape."""
         with torch.no_grad():
             was_training = embedder.training
             embedder.eval()
-            out = embedder(as_tensor(data[:2]).float())
+            out = embedder(as_tensor(data[:2]).to(device).float())
             embedder.train(was_training)
         if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out)
@@ -498,6 +510,7 @@ class SemiSupervisedAssociationClassifier(
         check_is_fitted(self)
         rows, sample_shape = split_sample_shape(X)
         rows = validate_data(self, rows, dtype="numeric", reset=False)
+        check_sample_shape(sample_shape, self.input_shape_, self.n_features_in_)
         return to_model_layout(rows, self.input_shape_)
 
     def _forward(self, X, output):
@@ -638,7 +651,8 @@ class SemiSupervisedAssociationClassifier(
     def __getstate__(self):
         # Pickle the model on the CPU, so that a model trained on a GPU loads
         # on a machine without one.
-        state = super().__getstate__()
+        # A copy: object.__getstate__ returns the instance's own __dict__.
+        state = dict(super().__getstate__())
         if "model_" in state and self.device_.type != "cpu":
             state["model_"] = copy.deepcopy(self.model_).to("cpu")
         return state

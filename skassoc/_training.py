@@ -313,6 +313,7 @@ def train(model, data, sampler, config, device):
         step.loss_sum.zero_()
         means = [value / n_steps for value in sums]
         history["step"].append(completed)
+        # Called before the scheduler steps: the rate of the last step run.
         history["learning_rate"].append(float(scheduler.get_last_lr()[0]))
         for name, value in zip(LOSS_NAMES, means, strict=True):
             history[name].append(value)
@@ -335,23 +336,24 @@ def train(model, data, sampler, config, device):
                 graph.replay()
             else:
                 step()
+            completed += 1
+            if completed % config.log_interval == 0 or completed == config.max_iter:
+                read_losses(completed)
             scheduler.step()
             if use_graph:
                 _keep_lr_tensor(optimizer, lr_tensors)
-            completed += 1
-            if completed % config.log_interval == 0:
-                read_losses(completed)
-        read_losses(completed)
     except KeyboardInterrupt:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.interrupted = True
-        # The losses of the steps that did complete are still worth keeping.
-        with contextlib.suppress(NonFiniteLossError):
-            read_losses(completed)
+        # The losses of the steps that did complete are still worth keeping;
+        # a loss that went non-finite before the interrupt still raises.
+        read_losses(completed)
     finally:
         progress.close()
     step.use_average_weights()
+    # The last step's gradients are of no use to the fitted model.
+    optimizer.zero_grad(set_to_none=True)
     result.n_iter = completed
     model.eval()
     return result

@@ -14,6 +14,7 @@ __all__ = [
     "to_model_layout",
     "encode_semi_supervised_labels",
     "resolve_device",
+    "check_sample_shape",
 ]
 
 #: The label that marks an unlabeled sample (scikit-learn's convention).
@@ -35,7 +36,9 @@ def split_sample_shape(X):
                 "grey images or (n, c, h, w) images."
             )
         X = np.asarray(X)
-        return X.reshape(X.shape[0], -1), tuple(X.shape[1:])
+        # Not reshape(n, -1): NumPy cannot infer -1 for an empty batch, and
+        # the empty batch must reach validation to get a useful message.
+        return X.reshape(X.shape[0], math.prod(X.shape[1:])), tuple(X.shape[1:])
     return X, None
 
 
@@ -66,12 +69,63 @@ def resolve_image_shape(sample_shape, input_shape, n_features):
                 f"but each sample of X has {n_features}; pass the shape of one "
                 "image, or leave input_shape=None for feature vectors."
             )
+        if sample_shape is not None and _as_chw(sample_shape) != shape:
+            raise ValueError(
+                f"X holds images of shape {tuple(sample_shape)} but "
+                f"input_shape={tuple(input_shape)}; leave input_shape=None for "
+                "image batches (their shape is read from X), or pass X as 2-D "
+                "rows."
+            )
         return shape
     if sample_shape is None:
         return None
+    return _as_chw(sample_shape)
+
+
+def _as_chw(sample_shape):
+    """``(h, w)`` -> ``(1, h, w)``; ``(c, h, w)`` as it is."""
     if len(sample_shape) == 2:
-        return (1, *sample_shape)
-    return tuple(sample_shape)
+        return (1, *(int(v) for v in sample_shape))
+    return tuple(int(v) for v in sample_shape)
+
+
+def check_sample_shape(sample_shape, image_shape, n_features):
+    """Check that samples passed at inference have the layout seen in ``fit``.
+
+    Parameters
+    ----------
+    sample_shape : tuple of int or None
+        Shape of one sample as passed (None for 2-D rows, which are always
+        accepted; their width is checked by scikit-learn's validation).
+    image_shape : tuple of int or None
+        The fitted ``(channels, height, width)``, or None for feature rows.
+    n_features : int
+        Number of values in one sample seen in ``fit``.
+
+    Raises
+    ------
+    ValueError
+        If images of another shape than the fitted one are passed (e.g.
+        ``(n, 4, 16)`` to a model of 8x8 images), or images to a model fitted
+        on feature rows.
+    """
+    if sample_shape is None:
+        return
+    if image_shape is None:
+        raise ValueError(
+            f"X holds samples of shape {tuple(sample_shape)}, but the model was "
+            f"fitted on feature rows of {n_features} features; pass X as 2-D "
+            "rows (n_samples, n_features)."
+        )
+    if _as_chw(sample_shape) != tuple(image_shape):
+        c, h, w = image_shape
+        grey = f", (n, {h}, {w})" if c == 1 else ""
+        raise ValueError(
+            f"X holds images of shape {tuple(sample_shape)}, but the model was "
+            f"fitted on images of shape (channels, height, width) = "
+            f"{tuple(image_shape)}; pass X as (n, {c}, {h}, {w}){grey} or as "
+            f"2-D rows of {c * h * w} values."
+        )
 
 
 def as_tensor(array):
@@ -93,7 +147,16 @@ def to_model_layout(rows, image_shape):
     GPU; networks convert per batch); everything else becomes float32.
     """
     if rows.dtype != np.uint8:
-        rows = rows.astype(np.float32, copy=False)
+        wider = rows.dtype.kind == "f" and rows.dtype.itemsize > 4
+        with np.errstate(over="ignore"):
+            rows = rows.astype(np.float32, copy=False)
+        # Finite float64 values beyond float32's range would become inf and
+        # NaN losses or NaN probabilities; say so instead.
+        if wider and not np.isfinite(rows).all():
+            raise ValueError(
+                "X holds values too large for float32 (beyond +-3.4e38), the "
+                "precision the network computes in; rescale X."
+            )
     if image_shape is None:
         return rows
     return rows.reshape(rows.shape[0], *image_shape)

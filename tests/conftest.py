@@ -1,0 +1,107 @@
+"""Shared fixtures: small data sets and a fast estimator configuration."""
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits, make_blobs
+
+# A tiny MLP trained for a few dozen steps on the CPU: a fit takes a fraction
+# of a second, and on well-separated blobs it still learns the classes.
+FAST_PARAMS = types.MappingProxyType(
+    {
+        "network": "mlp",
+        "hidden_layer_sizes": (16,),
+        "embedding_dim": 8,
+        "labeled_per_class": 3,
+        "unlabeled_batch_size": 32,
+        "max_iter": 30,
+        "learning_rate": 1e-2,
+        "device": "cpu",
+        "random_state": 0,
+    }
+)
+
+
+@pytest.fixture(scope="session")
+def fast_params():
+    """Read-only keyword arguments of a fast estimator; merge with ``{**...}``."""
+    return FAST_PARAMS
+
+
+@pytest.fixture(scope="session")
+def torch_single_thread():
+    """Run torch on one thread for the tests that use this fixture.
+
+    The tests train tiny networks, for which one thread is as fast as several,
+    and on a loaded machine OpenMP threads that wait for each other make a
+    fit of a few dozen steps take seconds instead of milliseconds.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def _digits():
+    X, y = load_digits(return_X_y=True)
+    return X, y
+
+
+@pytest.fixture
+def digits(_digits):
+    """All 1797 digits: ``X`` (n, 64) float64 pixels 0..16 and labels 0..9."""
+    X, y = _digits
+    return X.copy(), y.copy()
+
+
+@pytest.fixture
+def digits_small(_digits):
+    """300 digits, all labeled: ``X`` (300, 64) and ``y``."""
+    X, y = _digits
+    return X[:300].copy(), y[:300].copy()
+
+
+@pytest.fixture
+def digits_images(_digits):
+    """200 digits as (n, 8, 8) uint8 images (pixel values 0..16) and labels."""
+    X, y = _digits
+    return X[:200].reshape(-1, 8, 8).astype(np.uint8), y[:200].copy()
+
+
+def _read_only(*arrays):
+    for array in arrays:
+        array.flags.writeable = False
+    return arrays
+
+
+@pytest.fixture(scope="session")
+def blobs():
+    """Three well-separated classes of 4 features, 150 samples, all labeled.
+
+    Read-only arrays (shared by the whole session); copy them to modify.
+    """
+    X, y = make_blobs(
+        n_samples=150, n_features=4, centers=3, cluster_std=1.0, random_state=0
+    )
+    return _read_only(X, y)
+
+
+@pytest.fixture(scope="session")
+def blobs_semi(blobs):
+    """The blobs with all but 10 samples of every class unlabeled (-1)."""
+    X, y = blobs
+    return _read_only(X, _hide_labels(y, 10, random_state=0))
+
+
+def _hide_labels(y, n_per_class, random_state=0):
+    """``y`` with all but ``n_per_class`` random samples of each class set to -1."""
+    rng = np.random.RandomState(random_state)
+    y_semi = np.full_like(y, -1)
+    for label in np.unique(y):
+        members = np.flatnonzero(y == label)
+        keep = rng.choice(members, size=min(n_per_class, len(members)), replace=False)
+        y_semi[keep] = y[keep]
+    return y_semi

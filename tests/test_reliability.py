@@ -1,0 +1,656 @@
+"""Bad input and faults: clear errors before training, state kept on failure."""
+
+import copy
+import pickle
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from sklearn.utils._param_validation import InvalidParameterError
+
+import skassoc._sampling
+import skassoc._training
+from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._training import NonFiniteLossError
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def make_clf(fast_params, **overrides):
+    return SemiSupervisedAssociationClassifier(**{**fast_params, **overrides})
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if a training step runs."""
+
+    def step(self):
+        raise AssertionError("a training step ran before the input was rejected")
+
+    monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", step)
+
+
+@pytest.fixture
+def interrupt_at(monkeypatch):
+    """Make the step raise KeyboardInterrupt once ``k`` steps have completed."""
+
+    def install(k):
+        original = skassoc._training._AssociationStep.__call__
+        calls = {"n": 0}
+
+        def step(self):
+            if calls["n"] == k:
+                raise KeyboardInterrupt
+            calls["n"] += 1
+            return original(self)
+
+        monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", step)
+
+    return install
+
+
+def fitted_state(clf, X):
+    """What a fitted estimator exposes, to compare before and after a refit."""
+    return {
+        "keys": set(vars(clf)),
+        "proba": clf.predict_proba(X),
+        "classes": clf.classes_.copy(),
+        "n_features_in": clf.n_features_in_,
+        "n_iter": clf.n_iter_,
+        "history": copy.deepcopy(clf.history_),
+        "weights": {k: v.clone() for k, v in clf.model_.state_dict().items()},
+        "params": clf.get_params(),
+    }
+
+
+def assert_same_state(clf, X, before):
+    after = fitted_state(clf, X)
+    assert after["keys"] == before["keys"]
+    np.testing.assert_array_equal(after["proba"], before["proba"])
+    np.testing.assert_array_equal(after["classes"], before["classes"])
+    assert after["n_features_in"] == before["n_features_in"]
+    assert after["n_iter"] == before["n_iter"]
+    assert after["history"] == before["history"]
+    assert after["weights"].keys() == before["weights"].keys()
+    for name, value in before["weights"].items():
+        assert torch.equal(after["weights"][name], value), name
+    assert after["params"] == before["params"]
+
+
+def assert_unfitted(clf, params):
+    fitted = [key for key in vars(clf) if key.endswith("_") and not key.startswith("_")]
+    assert fitted == []
+    assert clf.get_params() == params
+
+
+# ------------------------------------------------- rejected before training
+
+
+class NotTwoD(torch.nn.Module):
+    """Returns (n, 2, 2) embeddings: not 2-D."""
+
+    def forward(self, x):
+        return x.reshape(len(x), 2, 2)
+
+
+def _bad_fit_cases():
+    rng = np.random.RandomState(0)
+    X = rng.rand(40, 4)
+    y = np.arange(40) % 2
+    nan_X = X.copy()
+    nan_X[3, 1] = np.nan
+    inf_X = X.copy()
+    inf_X[5, 2] = np.inf
+    return [
+        pytest.param(nan_X, y, {}, "NaN", id="nan"),
+        pytest.param(inf_X, y, {}, "infinity", id="inf"),
+        pytest.param(X * 1e300, y, {}, "float32", id="beyond_float32"),
+        pytest.param(X, np.full(40, -1), {}, "Every label in y is -1", id="all_-1"),
+        pytest.param(X, np.where(y == 0, 0, -1), {}, "only one class", id="one_class"),
+        pytest.param(X, y[:-1], {}, "inconsistent numbers of samples", id="lengths"),
+        pytest.param(X, np.c_[y, y], {}, "1d array", id="y_2d"),
+        pytest.param(X + 1j, y, {}, "Complex data", id="complex"),
+        pytest.param(X[:0], y[:0], {}, "0 sample", id="empty"),
+        pytest.param(np.zeros((0, 8, 8)), y[:0], {}, "0 sample", id="empty_images"),
+        pytest.param(
+            np.array([["a", "b", "c", "d"]] * 40), y, {}, "string", id="strings"
+        ),
+        pytest.param(
+            np.array([["a", "b", "c", "d"]] * 40, dtype=object),
+            y,
+            {},
+            "could not convert",
+            id="object_strings",
+        ),
+        pytest.param(X, y, {"input_shape": (3, 3)}, "input_shape", id="input_shape"),
+        pytest.param(X, y, {"input_shape": (0, 4)}, "positive", id="input_shape_0"),
+        pytest.param(
+            X, y, {"input_shape": (1, 2, 2, 1)}, "input_shape", id="input_shape_4d"
+        ),
+        pytest.param(
+            rng.rand(40, 8, 8), y, {"input_shape": (4, 16)}, "input_shape", id="both"
+        ),
+        pytest.param(X, y, {"network": NotTwoD()}, "embedding_dim", id="module_3d"),
+        pytest.param(
+            X,
+            y,
+            {
+                "network": torch.nn.Sequential(
+                    torch.nn.Linear(4, 1), torch.nn.Flatten(0)
+                )
+            },
+            "embedding_dim",
+            id="module_1d",
+        ),
+        pytest.param(
+            X, y, {"network": "mnist"}, "needs image inputs", id="mnist_on_rows"
+        ),
+        pytest.param(
+            rng.rand(40, 4, 4), y, {"network": "mnist"}, "at least 8x8", id="tiny"
+        ),
+        pytest.param(rng.rand(40, 1, 1, 2, 2), y, {}, "dimensions", id="5d"),
+        pytest.param(X, y, {"device": "tpu"}, "device", id="unknown_device"),
+    ]
+
+
+@pytest.mark.parametrize("X, y, params, match", _bad_fit_cases())
+def test_bad_input_rejected_before_training(
+    fast_params, no_training, X, y, params, match
+):
+    clf = make_clf(fast_params, **params)
+    expected_params = clf.get_params()
+    with pytest.raises((ValueError, TypeError), match=match):
+        clf.fit(X, y)
+    assert_unfitted(clf, expected_params)
+
+
+def test_cuda_requested_without_cuda(fast_params, blobs, no_training, monkeypatch):
+    X, y = blobs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    clf = make_clf(fast_params, device="cuda")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "n_features_in_")
+
+
+@pytest.mark.parametrize(
+    "param, value",
+    [
+        ("walker_weight", -1.0),
+        ("visit_weight", -0.5),
+        ("max_iter", 0),
+        ("labeled_per_class", 0),
+        ("unlabeled_batch_size", 0),
+        ("learning_rate", 0.0),
+        ("lr_decay", 0.0),
+        ("embedding_dim", 0),
+        ("network", "resnet"),
+        ("precision", "fp8"),
+        ("device", 3),
+    ],
+)
+def test_invalid_params(fast_params, blobs, no_training, param, value):
+    X, y = blobs
+    clf = make_clf(fast_params, **{param: value})
+    with pytest.raises(InvalidParameterError, match=f"'{param}' parameter"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "n_features_in_")
+
+
+def test_predict_with_wrong_number_of_features(fast_params, blobs):
+    X, y = blobs
+    clf = make_clf(fast_params, max_iter=3).fit(X, y)
+    with pytest.raises(ValueError, match="X has 5 features.*expecting 4 features"):
+        clf.predict(np.hstack([X, X[:, :1]]))
+    with pytest.raises(ValueError, match="X has 3 features"):
+        clf.transform(X[:, :3])
+
+
+def test_predict_images_with_wrong_number_of_pixels(fast_params, digits_images):
+    X, y = digits_images
+    clf = make_clf(fast_params, network="auto", max_iter=2).fit(X, y)
+    with pytest.raises(ValueError, match="81 features.*expecting 64"):
+        clf.predict(np.zeros((3, 9, 9)))
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (2, 8, 4), (64, 1, 1)])
+def test_predict_images_with_wrong_shape(fast_params, digits_images, shape):
+    X, y = digits_images
+    clf = make_clf(fast_params, network="auto", max_iter=2).fit(X, y)
+    with pytest.raises(ValueError, match=r"shape.*\(1, 8, 8\)"):
+        clf.predict(X.reshape(len(X), *shape))
+
+
+def test_predict_images_on_feature_model(fast_params, blobs):
+    X, y = blobs
+    clf = make_clf(fast_params, max_iter=2).fit(X, y)
+    with pytest.raises(ValueError, match="feature rows"):
+        clf.predict(X.reshape(len(X), 2, 2))
+
+
+def test_predict_before_fit(fast_params, blobs):
+    from sklearn.exceptions import NotFittedError
+
+    X, _ = blobs
+    with pytest.raises(NotFittedError):
+        make_clf(fast_params).predict(X)
+
+
+def test_small_class_warns_once(fast_params, blobs):
+    X, y = blobs
+    y = np.where(np.arange(len(y)) < 140, y, -1)
+    y[np.flatnonzero(y == 2)[2:]] = -1  # class 2 keeps 2 labels
+    clf = make_clf(fast_params, labeled_per_class=5, max_iter=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clf.fit(X, y)
+    messages = [str(w.message) for w in caught if w.category is UserWarning]
+    assert sum("fewer than" in m for m in messages) == 1, messages
+    assert clf.n_iter_ == 10
+    np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
+    assert set(clf.predict(X)) <= {0, 1, 2}
+
+
+# ----------------------------------------------- failed fit leaves no trace
+
+
+@pytest.mark.parametrize(
+    "bad_X, bad_y, match",
+    [
+        (None, "all_unlabeled", "Every label"),
+        (None, "one_class", "only one class"),
+        ("five_features_nan", None, "NaN"),
+        ("strings", None, "string"),
+    ],
+)
+def test_failed_refit_keeps_previous_fit(fast_params, blobs, bad_X, bad_y, match):
+    X, y = blobs
+    clf = make_clf(fast_params, max_iter=20).fit(X, y)
+    before = fitted_state(clf, X)
+    X_bad = {
+        None: X,
+        "five_features_nan": np.hstack([X, np.full((len(X), 1), np.nan)]),
+        "strings": np.full(X.shape, "x"),
+    }[bad_X]
+    y_bad = {None: y, "all_unlabeled": np.full_like(y, -1), "one_class": y * 0}[bad_y]
+    with pytest.raises((ValueError, TypeError), match=match):
+        clf.fit(X_bad, y_bad)
+    assert_same_state(clf, X, before)
+
+
+def test_failed_refit_keeps_feature_names(fast_params, blobs):
+    import pandas as pd
+
+    X, y = blobs
+    df = pd.DataFrame(X, columns=list("abcd"))
+    clf = make_clf(fast_params, max_iter=5).fit(df, y)
+    with pytest.raises(ValueError, match="Every label"):
+        clf.fit(X, np.full_like(y, -1))  # no feature names, and bad y
+    np.testing.assert_array_equal(clf.feature_names_in_, list("abcd"))
+    clf.predict(df)  # no feature-name warning or error
+
+
+# ----------------------------------------------------------------- divergence
+
+
+def _unnormalised_module():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8))
+
+
+@pytest.mark.parametrize(
+    "scale, params",
+    [
+        (1e30, {"network": "custom"}),
+        (1.0, {"network": "custom", "learning_rate": 1e30}),
+        (1.0, {"learning_rate": 1e30}),  # the MLP, standardised inputs
+    ],
+    ids=["huge_inputs", "huge_lr_custom", "huge_lr_mlp"],
+)
+def test_divergence_raises_and_keeps_unfitted(fast_params, blobs, scale, params):
+    X, y = blobs
+    if params.get("network") == "custom":
+        params = {**params, "network": _unnormalised_module()}
+    clf = make_clf(fast_params, **params)
+    expected_params = clf.get_params()
+    with pytest.raises(FloatingPointError, match=r"at step \d+") as info:
+        clf.fit(X * scale, y)
+    assert isinstance(info.value, NonFiniteLossError)
+    assert "NaN or infinite" in str(info.value)
+    assert_unfitted(clf, expected_params)
+
+
+def test_divergence_on_warm_start_keeps_previous_fit(fast_params, blobs):
+    X, y = blobs
+    clf = make_clf(fast_params, network=_unnormalised_module(), warm_start=True)
+    clf.fit(X, y)
+    before = fitted_state(clf, X)
+    with pytest.raises(FloatingPointError, match=r"step \d+"):
+        clf.fit(X * 1e30, y)
+    assert_same_state(clf, X, before)
+    clf.set_params(learning_rate=1e30)
+    before["params"]["learning_rate"] = 1e30
+    with pytest.raises(FloatingPointError, match=r"step \d+"):
+        clf.fit(X, y)
+    assert_same_state(clf, X, before)
+
+
+def test_failure_inside_training_keeps_previous_fit(fast_params, blobs, monkeypatch):
+    X, y = blobs
+    clf = make_clf(fast_params, warm_start=True, max_iter=20).fit(X, y)
+    before = fitted_state(clf, X)
+    original = skassoc._training._AssociationStep.__call__
+    calls = {"n": 0}
+
+    def failing_step(self):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("simulated out of memory")
+        return original(self)
+
+    monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", failing_step)
+    with pytest.raises(RuntimeError, match="simulated"):
+        clf.fit(X, y)
+    assert_same_state(clf, X, before)
+
+
+# --------------------------------------------------------- KeyboardInterrupt
+
+
+@pytest.mark.parametrize("k", [7, 25])
+def test_keyboard_interrupt_returns_partial_model(fast_params, blobs, interrupt_at, k):
+    X, y = blobs
+    interrupt_at(k)
+    clf = make_clf(fast_params, max_iter=50)
+    with pytest.warns(UserWarning, match=f"interrupted after {k} of 50"):
+        returned = clf.fit(X, y)
+    assert returned is clf
+    assert clf.n_iter_ == k
+    # The losses of the completed steps are kept (logged every 10 steps).
+    assert clf.history_["step"][-1] == k
+    assert all(step <= k for step in clf.history_["step"])
+    assert np.isfinite(clf.history_["total"]).all()
+    proba = clf.predict_proba(X)
+    assert np.isfinite(proba).all()
+    assert clf.predict(X).shape == (len(X),)
+    assert not clf.model_.training
+
+
+@pytest.mark.filterwarnings("ignore:Training was interrupted:UserWarning")
+def test_keyboard_interrupt_after_divergence_raises(fast_params, blobs, interrupt_at):
+    X, y = blobs
+    interrupt_at(3)  # before the first loss read-back (every 10 steps)
+    clf = make_clf(fast_params, network=_unnormalised_module(), max_iter=50)
+    expected_params = clf.get_params()
+    with pytest.raises(FloatingPointError, match=r"step \d+"):
+        clf.fit(X * 1e30, y)
+    assert_unfitted(clf, expected_params)
+
+
+def test_keyboard_interrupt_outside_training_propagates(
+    fast_params, blobs, monkeypatch
+):
+    """Only an interrupt of the training steps is turned into a warning."""
+    X, y = blobs
+    clf = make_clf(fast_params, max_iter=5).fit(X, y)
+    before = fitted_state(clf, X)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(
+        skassoc._sampling.AssociationBatchSampler, "__init__", interrupted
+    )
+    with pytest.raises(KeyboardInterrupt):
+        clf.fit(X * 2, y)
+    assert_same_state(clf, X, before)
+
+
+# ---------------------------------------------------------------- warm start
+
+
+def test_warm_start_continues_training(fast_params, blobs_semi):
+    X, y = blobs_semi
+    params = dict(max_iter=60)
+    fresh = make_clf(fast_params, **params).fit(X, y)
+    # The classification loss: the total also holds the visit loss, which
+    # starts and stays near its floor log(unlabeled_batch_size).
+    first_fresh, last_fresh = fresh.history_["logit"][0], fresh.history_["logit"][-1]
+    assert last_fresh < 0.7 * first_fresh  # the first fit did learn
+
+    clf = make_clf(fast_params, **params, warm_start=True).fit(X, y)
+    np.testing.assert_array_equal(clf.history_["total"], fresh.history_["total"])
+    weights_after_first = {k: v.clone() for k, v in clf.model_.state_dict().items()}
+    clf.fit(X, y)
+    first_warm = clf.history_["logit"][0]
+    # Starts about where the first fit ended, far below a fresh start.
+    assert first_warm < last_fresh + 0.25 * (first_fresh - last_fresh)
+    assert clf.history_["total"][0] < fresh.history_["total"][0]
+    assert clf.n_iter_ == 60
+    # The model kept training: its weights moved on from the first fit's.
+    moved = [
+        not torch.equal(clf.model_.state_dict()[k], v)
+        for k, v in weights_after_first.items()
+        if v.is_floating_point() and k not in ("embedder.mean", "embedder.scale")
+    ]
+    assert all(moved)
+
+    # warm_start=False starts over: the same curve as the fresh fit.
+    clf.set_params(warm_start=False).fit(X, y)
+    np.testing.assert_array_equal(clf.history_["total"], fresh.history_["total"])
+
+
+def test_warm_start_with_other_classes_raises(fast_params, blobs):
+    X, y = blobs
+    clf = make_clf(fast_params, warm_start=True, max_iter=10).fit(X, y)
+    before = fitted_state(clf, X)
+    with pytest.raises(ValueError, match="warm_start=True needs the classes"):
+        clf.fit(X, np.where(y == 2, 1, y))
+    assert_same_state(clf, X, before)
+
+
+def test_warm_start_with_other_features_raises(fast_params, blobs):
+    X, y = blobs
+    clf = make_clf(fast_params, warm_start=True, max_iter=10).fit(X, y)
+    before = fitted_state(clf, X)
+    with pytest.raises(ValueError, match="warm_start"):
+        clf.fit(np.hstack([X, X[:, :1]]), y)
+    assert_same_state(clf, X, before)
+
+
+# ------------------------------------------------------------- memory, threads
+
+
+def test_history_is_bounded(fast_params, blobs):
+    X, y = blobs
+    clf = make_clf(
+        fast_params,
+        hidden_layer_sizes=(4,),
+        embedding_dim=4,
+        labeled_per_class=2,
+        unlabeled_batch_size=8,
+        max_iter=1000,
+    ).fit(X, y)
+    assert clf.n_iter_ == 1000
+    lengths = {key: len(values) for key, values in clf.history_.items()}
+    assert max(lengths.values()) <= 101, lengths
+    assert len(set(lengths.values())) == 1, lengths
+    assert clf.history_["step"][-1] == 1000
+    # Plain floats, no tensors (which would hold device memory or graphs).
+    for key, values in clf.history_.items():
+        assert all(type(v) in (int, float) for v in values), key
+    # Nothing else in the fitted estimator grows with the steps.
+    assert len(pickle.dumps(clf.history_)) < 20_000
+    assert not [k for k, v in vars(clf).items() if isinstance(v, torch.Tensor)]
+
+
+def test_fitted_model_keeps_no_gradients(fast_params, blobs):
+    X, y = blobs
+    clf = make_clf(fast_params, max_iter=5).fit(X, y)
+    assert all(p.grad is None for p in clf.model_.parameters())
+
+
+def test_concurrent_predict(fast_params, blobs_semi):
+    X, y = blobs_semi
+    clf = make_clf(fast_params, predict_batch_size=16).fit(X, y)
+    X_big = np.repeat(X, 4, axis=0) + np.random.RandomState(0).normal(
+        scale=0.1, size=(4 * len(X), X.shape[1])
+    )
+    expected_pred = clf.predict(X_big)
+    expected_proba = clf.predict_proba(X_big)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        preds = list(pool.map(lambda _: clf.predict(X_big), range(8)))
+        probas = list(pool.map(lambda _: clf.predict_proba(X_big), range(8)))
+    for pred in preds:
+        np.testing.assert_array_equal(pred, expected_pred)
+    for proba in probas:
+        np.testing.assert_array_equal(proba, expected_proba)
+
+
+# ---------------------------------------------------------- property-based
+
+
+DTYPES = [np.uint8, np.int32, np.float32, np.float64]
+
+
+def _elements(dtype):
+    if dtype == np.uint8:
+        return st.integers(0, 255)
+    if dtype == np.int32:
+        return st.integers(-(2**31), 2**31 - 1)
+    return st.floats(
+        -1e6,
+        1e6,
+        allow_nan=False,
+        allow_infinity=False,
+        width=np.dtype(dtype).itemsize * 8,
+    )
+
+
+@st.composite
+def data_sets(draw):
+    n = draw(st.integers(2, 30))
+    n_features = draw(st.integers(1, 6))
+    dtype = draw(st.sampled_from(DTYPES))
+    X = draw(hnp.arrays(dtype, (n, n_features), elements=_elements(dtype)))
+    layout = draw(
+        st.sampled_from(
+            ["all_unlabeled", "one_class", "random", "many", "strings", "str_array"]
+        )
+    )
+    if layout == "all_unlabeled":
+        y = np.full(n, -1)
+    elif layout == "one_class":
+        y = np.array(draw(st.lists(st.sampled_from([-1, 4]), min_size=n, max_size=n)))
+    elif layout == "random":
+        k = draw(st.integers(1, 5))
+        y = np.array(draw(st.lists(st.integers(-1, k - 1), min_size=n, max_size=n)))
+    elif layout == "many":
+        y = np.arange(n) - (n // 4)  # many classes, one sample each, some -1
+    else:
+        names = ["ant", "bee", "cat", -1]
+        y = draw(st.lists(st.sampled_from(names), min_size=n, max_size=n))
+        if layout == "strings":
+            y = np.array(y, dtype=object)
+        else:
+            y = np.array([str(v) for v in y])  # "-1" marks unlabeled
+    return X, y
+
+
+def _unlabeled(value):
+    return value == -1 or value == "-1"
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=data_sets())
+def test_fit_predict_random_inputs(fast_params, data):
+    X, y = data
+    clf = make_clf(
+        fast_params,
+        hidden_layer_sizes=(4,),
+        embedding_dim=4,
+        labeled_per_class=2,
+        unlabeled_batch_size=4,
+        max_iter=3,
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            clf.fit(X, y)
+    except (ValueError, TypeError) as exc:
+        event(f"rejected: {type(exc).__name__}")
+        assert str(exc).strip()
+        assert not hasattr(clf, "classes_")
+        labeled = {v for v in y.tolist() if not _unlabeled(v)}
+        # Valid data must fit: only an unusable labeling is rejected.
+        assert len(labeled) < 2, (exc, labeled)
+        return
+    event("fitted")
+    labeled = sorted({v for v in y.tolist() if not _unlabeled(v)}, key=str)
+    assert sorted(clf.classes_.tolist(), key=str) == labeled
+    pred = clf.predict(X)
+    assert pred.shape == (len(X),)
+    assert set(pred.tolist()) <= set(clf.classes_.tolist())
+    proba = clf.predict_proba(X)
+    assert np.isfinite(proba).all()
+    assert clf.n_iter_ == 3
+
+
+@st.composite
+def image_batches(draw):
+    n = draw(st.integers(2, 12))
+    shape = draw(
+        st.one_of(
+            st.tuples(st.integers(1, 10), st.integers(1, 10)),
+            st.tuples(st.integers(1, 3), st.integers(1, 10), st.integers(1, 10)),
+        )
+    )
+    X = draw(hnp.arrays(np.uint8, (n, *shape)))
+    y = np.arange(n) % 2
+    return X, y
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=image_batches(), predict_shape=st.sampled_from(["same", "chw", "rows"]))
+def test_fit_predict_random_images(fast_params, data, predict_shape):
+    X, y = data
+    clf = make_clf(
+        fast_params,
+        network="auto",
+        embedding_dim=4,
+        hidden_layer_sizes=(4,),
+        labeled_per_class=1,
+        unlabeled_batch_size=4,
+        max_iter=2,
+    )
+    clf.fit(X, y)
+    shape = X.shape[1:]
+    expected_shape = (1, *shape) if len(shape) == 2 else shape
+    assert clf.input_shape_ == expected_shape
+    big_enough = min(expected_shape[1:]) >= 8
+    assert clf.network_ == ("mnist" if big_enough else "mlp")
+    X_pred = {
+        "same": X,
+        "chw": X.reshape(len(X), *expected_shape),
+        "rows": X.reshape(len(X), -1),
+    }[predict_shape]
+    pred = clf.predict(X_pred)
+    np.testing.assert_array_equal(pred, clf.predict(X))
+    assert set(pred.tolist()) <= {0, 1}
