@@ -1,0 +1,1133 @@
+"""Rerun the MNIST experiments of "Learning by Association" with skassoc.
+
+Haeusser, Mordvintsev, Cremers, CVPR 2017. Every figure is the test error (%)
+of the **last checkpoint** (the fitted model after the last training step) on
+the 10,000 MNIST test images: no early stopping and never the best step on
+the test set. Parts (``--parts``, default all):
+
+table1
+    Recipe "paper" (``recipe_params("paper")``) with 100, 1000 and all
+    labels (10, 100 and all labels per class), median and standard deviation
+    over ``--draws`` random label draws. Draw ``d`` hides labels with
+    ``make_semi_supervised_labels(y, k, random_state=d)`` and fits with
+    ``random_state=d``. With 1000 labels the labeled batch stays 10 per class
+    (the recipe's ``labeled_per_class=10``), as in the authors' MNIST code.
+    With all labels ``y`` is used as is: no sample is unlabeled, and skassoc
+    then draws the unlabeled batch from all samples. Paper: 0.89 (0.08),
+    0.74 (0.03), 0.36 (0.03).
+visit
+    1000 labels, ``visit_weight`` 0, 0.25, 0.5 and 1 on top of "paper",
+    median over ``--visit-draws`` (paper: 5.68, 1.17, 0.82, 0.85).
+baselines
+    On the same label draws, 100 and 1000 labels, ``--baseline-draws``:
+    (i) the same network trained on the labeled samples only (recipe "paper"
+    with ``walker_weight=0``, ``visit_weight=0``, fitted on the labeled subset
+    alone); (ii) scikit-learn's ``LabelSpreading(kernel="knn", n_neighbors=10)``
+    on the first 50 principal components of the flattened pixels / 255 (PCA
+    fitted once, without labels, on the training images); (iii)
+    ``SelfTrainingClassifier(LogisticRegression(max_iter=1000))`` (default
+    threshold 0.75, 10 rounds) on the same PCA-50 features: a base model fast
+    enough for 60,000 samples (an RBF SVC with ``probability=True`` refitted
+    on tens of thousands of pseudo-labels would take far longer). (ii) and
+    (iii) run on the CPU: on all 60,000 images, 2 busy CPU cores took 13-22 s
+    for (ii) and 12-47 s for (iii), plus 4 s once for the PCA. The "paper" rows of
+    these draws are shown beside them.
+recipes
+    100 and 1000 labels for every recipe of ``--recipes`` present in
+    ``skassoc.RECIPES`` (missing ones are skipped with a warning), over
+    ``--draws`` draws.
+ablations
+    100 labels, "paper" plus one override set of ``ABLATIONS`` (below; pick
+    with ``--ablations``) per row, beside "paper" itself, over
+    ``--ablation-draws`` draws.
+
+Identical runs (same method, parameters, labels and draw) are trained once
+and shared between the parts that show them, e.g. the ``visit_weight=1`` row
+reuses the 1000-label runs of Table 1. Every row shows the median fit time;
+"fit s" is the wall time of ``fit`` (input validation, copy to the device,
+CUDA-graph capture and all training steps), prediction excluded.
+
+The JSON (``--json``, default ``benchmarks/results/mnist_<device>.json``) is
+rewritten after every run, with the machine, library versions, seeds and all
+runs (keyed ``part/setting/labels/draw``), together with the tables
+(``--markdown``, default ``...mnist_<device>.md``, and ``--rst``, default
+``...mnist_<device>.rst``): a run stopped by a time limit keeps what it
+finished. ``--resume`` skips the runs already in the JSON (or in the files
+named after it); ``--time-budget`` stops starting runs that would not finish
+in time; ``--shard I/N`` runs every N-th run only (one process per GPU) and
+``--merge`` joins the shards' JSON files into one set of tables.
+
+Quick check on a CPU::
+
+    python benchmarks/bench_mnist.py --device cpu --max-iter 20 \\
+        --train-subset 3000 --eval-subset 1000 --draws 2 --visit-draws 1 \\
+        --baseline-draws 1 --json /tmp/m.json --markdown /tmp/m.md
+
+Full run on a GPU (about half an hour on one H100, see ``--dry-run``; with
+``--shard I/N`` one process per GPU, then ``--merge``)::
+
+    python benchmarks/bench_mnist.py --device cuda
+"""
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Benchmark the checkout this script belongs to, installed or not.
+sys.path.insert(0, str(REPO_ROOT))
+
+import sklearn  # noqa: E402
+from sklearn.decomposition import PCA  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier  # noqa: E402
+
+import skassoc  # noqa: E402
+from skassoc import RECIPES, SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
+from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
+
+PARTS = ("table1", "visit", "baselines", "recipes", "ablations")
+
+#: Labels per class of each setting (None: all labels, ``y`` as is).
+LABELS_PER_CLASS = {"100": 10, "1000": 100, "all": None}
+
+#: The paper's figures: median (std) test error %.
+PAPER_TABLE1 = {"100": "0.89 (0.08)", "1000": "0.74 (0.03)", "all": "0.36 (0.03)"}
+VISIT_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
+PAPER_VISIT = {0.0: "5.68", 0.25: "1.17", 0.5: "0.82", 1.0: "0.85"}
+
+#: Parameter overrides on top of recipe "paper", one ablation row each.
+ABLATIONS = {
+    "+augmentation": {"augmentation": "paper"},
+    "+ema": {"ema_decay": 0.999},
+    "+augmentation+ema": {"augmentation": "paper", "ema_decay": 0.999},
+    "bf16": {"precision": "bf16"},
+    "fp32": {"precision": "fp32"},
+}
+
+#: Baseline methods on PCA features (run on the CPU).
+PCA_COMPONENTS = 50
+PCA_SEED = 0
+LABEL_SPREADING = {"kernel": "knn", "n_neighbors": 10, "alpha": 0.2, "max_iter": 30}
+SELF_TRAINING = {"threshold": 0.75, "max_iter": 10}
+SELF_TRAINING_BASE = {"C": 1.0, "max_iter": 1000}
+
+#: Seed of the ``--train-subset`` draw.
+SUBSET_SEED = 12345
+
+#: Estimated seconds of one run, for --dry-run and --time-budget before any
+#: run has finished: a 20,000-step fit on an H100 takes about 32 s (40 s with
+#: augmentation); the CPU baselines take well under a minute.
+GPU_SECONDS_PER_20K = 32.0
+GPU_SECONDS_PER_20K_AUGMENTED = 40.0
+CPU_BASELINE_SECONDS = 30.0
+
+SETTING_TITLES = {
+    "supervised": "network, labeled samples only",
+    "label_spreading": f"LabelSpreading (knn, k=10), PCA-{PCA_COMPONENTS}",
+    "self_training": f"SelfTraining (LogisticRegression), PCA-{PCA_COMPONENTS}",
+}
+
+PART_TITLES = {
+    "table1": 'Table 1: MNIST test error (%), recipe "paper"',
+    "visit": "Effect of the visit loss, MNIST 1000 labels",
+    "baselines": "Baselines on the same label draws",
+    "recipes": "Recipes",
+    "ablations": 'Ablations on top of recipe "paper", MNIST 100 labels',
+}
+
+PART_NOTES = {
+    "table1": "Paper column: Haeusser et al. (2017), Table 1, median (std). "
+    "With 1000 labels the labeled batch stays 10 per class; with all labels "
+    "the unlabeled batch is drawn from all training images.",
+    "visit": "Recipe 'paper' with visit_weight overridden; visit_weight=1 is "
+    "recipe 'paper' itself. Paper column: the paper's visit-loss table.",
+    "baselines": "network, labeled samples only: recipe 'paper' with "
+    "walker_weight=0, visit_weight=0, fitted on the labeled samples alone. "
+    f"LabelSpreading(kernel='knn', n_neighbors=10, alpha=0.2) and "
+    "SelfTrainingClassifier(LogisticRegression(C=1, max_iter=1000), "
+    f"threshold=0.75, max_iter=10) on PCA-{PCA_COMPONENTS} of pixels/255 "
+    "(PCA fitted once on the training images without labels, its time not "
+    "in 'fit s'), on the CPU.",
+    "recipes": "skassoc.RECIPES, each as it is (labeled batch as in the recipe).",
+    "ablations": "Each row: recipe 'paper' plus the overrides shown; 'paper' "
+    "is the same draws without overrides.",
+}
+
+
+# ------------------------------------------------------------ run planning
+
+
+def signature_of(config):
+    """Short hash of a run's configuration: equal hashes, identical runs."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def network_params(name, overrides, args, device_type):
+    """Constructor parameters of a skassoc run: recipe + overrides + CLI."""
+    params = recipe_params(name)
+    params.update(overrides)
+    if args.max_iter is not None:
+        # Keep the schedule's shape: decay steps scale with the step count.
+        old = params.get("max_iter", "auto")
+        steps = params.get("lr_decay_steps", "auto")
+        if isinstance(old, int) and isinstance(steps, int):
+            params["lr_decay_steps"] = max(1, round(steps * args.max_iter / old))
+        params["max_iter"] = args.max_iter
+    params["device"] = device_type
+    return params
+
+
+class Plan:
+    """The rows of every table and the unique runs (jobs) behind them."""
+
+    def __init__(self):
+        self.rows = []  # dicts: part, setting, labels, title, paper, draws, keys
+        self.jobs = {}  # signature -> {"config": ..., "keys": [...]}
+
+    def add_row(self, part, setting, labels, draws, config_of_draw, title, paper):
+        keys = []
+        for draw in range(draws):
+            key = f"{part}/{setting}/{labels}/{draw}"
+            config = config_of_draw(draw)
+            signature = signature_of(config)
+            job = self.jobs.setdefault(signature, {"config": config, "keys": []})
+            job["keys"].append(key)
+            keys.append(key)
+        self.rows.append(
+            {
+                "part": part,
+                "setting": setting,
+                "labels": labels,
+                "title": title,
+                "paper": paper,
+                "draws": draws,
+                "keys": keys,
+            }
+        )
+
+
+def build_plan(args, device_type, recipes, ablations):
+    plan = Plan()
+    common = {
+        "train_subset": args.train_subset,
+        "train_subset_seed": SUBSET_SEED if args.train_subset else None,
+        "eval_subset": args.eval_subset,
+    }
+
+    def network(recipe, overrides=None, fit_on="all"):
+        params = network_params(recipe, overrides or {}, args, device_type)
+
+        def config_of(labels):
+            def of_draw(draw):
+                return {
+                    "method": "skassoc",
+                    "params": {**params, "random_state": draw},
+                    "labels": labels,
+                    "label_seed": draw,
+                    "fit_on": fit_on,
+                    **common,
+                }
+
+            return of_draw
+
+        return config_of
+
+    def pca_baseline(method):
+        def config_of(labels):
+            def of_draw(draw):
+                params = (
+                    LABEL_SPREADING
+                    if method == "label_spreading"
+                    else {**SELF_TRAINING, "estimator": SELF_TRAINING_BASE}
+                )
+                return {
+                    "method": method,
+                    "params": {
+                        **params,
+                        "pca_components": PCA_COMPONENTS,
+                        "pca_seed": PCA_SEED,
+                    },
+                    "labels": labels,
+                    "label_seed": draw,
+                    "fit_on": "all",
+                    **common,
+                }
+
+            return of_draw
+
+        return config_of
+
+    paper = network("paper")
+    paper_title = 'skassoc, recipe "paper"'
+    for part in args.parts:
+        if part == "table1":
+            for labels in LABELS_PER_CLASS:
+                plan.add_row(
+                    part,
+                    "paper",
+                    labels,
+                    args.draws,
+                    paper(labels),
+                    paper_title,
+                    PAPER_TABLE1[labels],
+                )
+        elif part == "visit":
+            for weight in VISIT_WEIGHTS:
+                config_of = network("paper", {"visit_weight": weight})
+                plan.add_row(
+                    part,
+                    f"visit_weight={weight:g}",
+                    "1000",
+                    args.visit_draws,
+                    config_of("1000"),
+                    f"visit_weight={weight:g}",
+                    PAPER_VISIT[weight],
+                )
+        elif part == "baselines":
+            supervised = network(
+                "paper", {"walker_weight": 0.0, "visit_weight": 0.0}, "labeled"
+            )
+            for labels in ("100", "1000"):
+                for setting, config_of in (
+                    ("supervised", supervised),
+                    ("label_spreading", pca_baseline("label_spreading")),
+                    ("self_training", pca_baseline("self_training")),
+                    ("paper", paper),
+                ):
+                    plan.add_row(
+                        part,
+                        setting,
+                        labels,
+                        args.baseline_draws,
+                        config_of(labels),
+                        SETTING_TITLES.get(setting, paper_title),
+                        PAPER_TABLE1[labels] if setting == "paper" else "",
+                    )
+        elif part == "recipes":
+            for recipe in recipes:
+                for labels in ("100", "1000"):
+                    plan.add_row(
+                        part,
+                        recipe,
+                        labels,
+                        args.draws,
+                        network(recipe)(labels),
+                        f'recipe "{recipe}"',
+                        PAPER_TABLE1[labels] if recipe == "paper" else "",
+                    )
+        elif part == "ablations":
+            plan.add_row(
+                part,
+                "paper",
+                "100",
+                args.ablation_draws,
+                paper("100"),
+                paper_title,
+                PAPER_TABLE1["100"],
+            )
+            for name in ablations:
+                overrides = ABLATIONS[name]
+                shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+                plan.add_row(
+                    part,
+                    name,
+                    "100",
+                    args.ablation_draws,
+                    network("paper", overrides)("100"),
+                    f"{name} ({shown})",
+                    "",
+                )
+    return plan
+
+
+def estimated_seconds(config, device_type):
+    """Rough duration of a run before any has been measured."""
+    if config["method"] != "skassoc":
+        return CPU_BASELINE_SECONDS
+    params = config["params"]
+    per_20k = (
+        GPU_SECONDS_PER_20K_AUGMENTED
+        if params.get("augmentation")
+        else GPU_SECONDS_PER_20K
+    )
+    steps = params.get("max_iter", 20_000)
+    steps = 20_000 if steps == "auto" else steps
+    if device_type != "cuda":
+        per_20k *= 100  # a CPU is of the order of 100 times slower
+    return per_20k * steps / 20_000
+
+
+# ------------------------------------------------------------------- data
+
+
+class Data:
+    """MNIST arrays, label draws and PCA features, computed once each."""
+
+    def __init__(self, args):
+        data_home = args.data_home or default_data_home()
+        self.data_home = str(Path(data_home).resolve())
+        x_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)
+        x_test, y_test = load_mnist("test", data_home=data_home, return_X_y=True)
+        if args.train_subset:
+            rng = np.random.RandomState(SUBSET_SEED)
+            keep = np.sort(rng.choice(len(y_train), args.train_subset, replace=False))
+            x_train, y_train = x_train[keep], y_train[keep]
+        if args.eval_subset:
+            x_test, y_test = x_test[: args.eval_subset], y_test[: args.eval_subset]
+        self.x_train, self.y_train = x_train, y_train
+        self.x_test, self.y_test = x_test, y_test
+        self._pca = None
+        self.pca_seconds = None
+
+    def labels(self, labels, seed):
+        per_class = LABELS_PER_CLASS[labels]
+        if per_class is None:
+            return self.y_train.copy()
+        return make_semi_supervised_labels(self.y_train, per_class, random_state=seed)
+
+    def pca_features(self):
+        """PCA of pixels/255, fitted on the training images without labels."""
+        if self._pca is None:
+            start = time.perf_counter()
+            flat = self.x_train.reshape(len(self.x_train), -1).astype(np.float32)
+            pca = PCA(PCA_COMPONENTS, svd_solver="randomized", random_state=PCA_SEED)
+            train = pca.fit_transform(flat / 255.0)
+            test_flat = self.x_test.reshape(len(self.x_test), -1).astype(np.float32)
+            test = pca.transform(test_flat / 255.0)
+            self._pca = (train, test)
+            self.pca_seconds = time.perf_counter() - start
+        return self._pca
+
+
+# ------------------------------------------------------------------- runs
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_job(config, data, device):
+    """Train and evaluate one run; return its measurements."""
+    y_semi = data.labels(config["labels"], config["label_seed"])
+    labeled = np.flatnonzero(y_semi != -1)
+    out = {"n_train": int(len(y_semi)), "n_labeled": int(len(labeled))}
+    method = config["method"]
+    if method == "skassoc":
+        params = dict(config["params"])
+        params["device"] = str(device)
+        clf = SemiSupervisedAssociationClassifier(**params)
+        if config["fit_on"] == "labeled":
+            x_fit, y_fit = data.x_train[labeled], y_semi[labeled]
+        else:
+            x_fit, y_fit = data.x_train, y_semi
+        synchronize(device)
+        start = time.perf_counter()
+        clf.fit(x_fit, y_fit)
+        synchronize(device)
+        out["fit_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        predicted = clf.predict(data.x_test)
+        out["eval_seconds"] = time.perf_counter() - start
+        out["n_iter"] = int(clf.n_iter_)
+        out["final_loss"] = float(clf.history_["total"][-1])
+        out["final_losses"] = {
+            name: float(clf.history_[name][-1])
+            for name in ("walker", "visit", "logit")
+            if clf.history_.get(name)
+        }
+        del clf
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    else:
+        train, test = data.pca_features()
+        if method == "label_spreading":
+            model = LabelSpreading(**LABEL_SPREADING, n_jobs=-1)
+        else:
+            model = SelfTrainingClassifier(
+                LogisticRegression(**SELF_TRAINING_BASE), **SELF_TRAINING
+            )
+        start = time.perf_counter()
+        model.fit(train, y_semi)
+        out["fit_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        predicted = model.predict(test)
+        out["eval_seconds"] = time.perf_counter() - start
+        if method == "self_training":
+            out["n_iter"] = int(model.n_iter_)
+            out["termination_condition"] = model.termination_condition_
+            out["n_pseudo_labeled"] = int(np.sum(model.labeled_iter_ > 0))
+        else:
+            out["n_iter"] = int(model.n_iter_)
+        out["pca_seconds"] = data.pca_seconds
+    out["n_eval"] = int(len(data.y_test))
+    out["test_error_percent"] = 100.0 * float(np.mean(predicted != data.y_test))
+    return out
+
+
+# --------------------------------------------------------------- metadata
+
+
+def default_data_home():
+    from_env = os.environ.get("SKASSOC_MNIST_DIR")
+    if from_env:
+        return from_env
+    for candidate in (
+        REPO_ROOT.parent / "shared" / "data" / "mnist",
+        REPO_ROOT / "shared" / "data" / "mnist",
+    ):
+        if candidate.is_dir():
+            return str(candidate)
+    return str(REPO_ROOT / "data_local" / "mnist")
+
+
+def device_description(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name or platform.machine()}, {os.cpu_count()} logical CPUs"
+
+
+def git_revision():
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def make_meta(args, device, data, recipes, ablations):
+    on_gpu = device.type == "cuda"
+    return {
+        "device": device_description(device),
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if on_gpu else None,
+        "sklearn": sklearn.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "skassoc": skassoc.__version__,
+        "skassoc_path": str(Path(skassoc.__file__).parent),
+        "git_revision": git_revision(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "parts": list(args.parts),
+        "draws": args.draws,
+        "visit_draws": args.visit_draws,
+        "baseline_draws": args.baseline_draws,
+        "ablation_draws": args.ablation_draws,
+        "seeds": "draw d: make_semi_supervised_labels(y, k, random_state=d) "
+        "and random_state=d for the network",
+        "recipes": recipes,
+        "recipes_params": {name: RECIPES[name] for name in recipes},
+        "ablations": {name: ABLATIONS[name] for name in ablations},
+        "max_iter_override": args.max_iter,
+        "train_subset": args.train_subset,
+        "train_subset_seed": SUBSET_SEED if args.train_subset else None,
+        "n_train": int(len(data.y_train)),
+        "n_eval": int(len(data.y_test)),
+        "shard": args.shard,
+        "checkpoint": "last (the fitted model); never the best step on the test set",
+        "data_home": data.data_home,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+
+
+# ----------------------------------------------------------------- tables
+
+
+def fmt_err(value):
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.2f}"
+
+
+def row_stats(row, runs):
+    done = [runs[k] for k in row["keys"] if k in runs and runs[k].get("status") == "ok"]
+    errors = np.array([r["test_error_percent"] for r in done], dtype=float)
+    seconds = np.array([r["fit_seconds"] for r in done], dtype=float)
+    n = len(done)
+    return {
+        "runs": n,
+        "planned": row["draws"],
+        "median": float(np.median(errors)) if n else None,
+        "std": float(np.std(errors, ddof=1)) if n > 1 else None,
+        "min": float(errors.min()) if n else None,
+        "max": float(errors.max()) if n else None,
+        "fit_seconds_median": float(np.median(seconds)) if n else None,
+        "errors": errors.tolist(),
+    }
+
+
+TABLE_HEADER = [
+    "Setting",
+    "Labels",
+    "Runs",
+    "Error % (median)",
+    "Std",
+    "Min-max",
+    "Paper",
+    "Fit s (median)",
+]
+
+
+def table_cells(rows, runs):
+    cells = []
+    for row in rows:
+        s = row_stats(row, runs)
+        runs_text = (
+            str(s["runs"])
+            if s["runs"] == s["planned"]
+            else f"{s['runs']}/{s['planned']}"
+        )
+        cells.append(
+            [
+                row["title"],
+                row["labels"],
+                runs_text,
+                fmt_err(s["median"]),
+                fmt_err(s["std"]),
+                (
+                    f"{s['min']:.2f}-{s['max']:.2f}"
+                    if s["runs"] > 1
+                    else fmt_err(s["min"])
+                ),
+                row["paper"] or "n/a",
+                (
+                    "n/a"
+                    if s["fit_seconds_median"] is None
+                    else f"{s['fit_seconds_median']:.1f}"
+                ),
+            ]
+        )
+    return cells
+
+
+def rst_table(header, cells):
+    """A reStructuredText simple table (also plain, readable text)."""
+    widths = [max(len(str(r[i])) for r in [header, *cells]) for i in range(len(header))]
+    border = "  ".join("=" * w for w in widths)
+
+    def line(values):
+        return "  ".join(
+            str(v).ljust(w) if i == 0 else str(v).rjust(w)
+            for i, (v, w) in enumerate(zip(values, widths))
+        ).rstrip()
+
+    return "\n".join([border, line(header), border, *(line(c) for c in cells), border])
+
+
+def markdown_table(header, cells):
+    align = ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+def common_notes(meta):
+    notes = [
+        "Test error (%) of the last checkpoint (the fitted model after its "
+        "last training step) on "
+        f"{meta.get('n_eval', '?')} MNIST test images; never the best step "
+        "on the test set, no early stopping.",
+        "Median and sample standard deviation (ddof=1) over random label "
+        "draws; draw d hides labels with make_semi_supervised_labels(y, k, "
+        "random_state=d) and seeds the model with random_state=d. 'Runs' is "
+        "the number of draws finished (finished/planned when incomplete).",
+        "Fit s: median wall time of fit() (validation, copy to the device, "
+        "CUDA-graph capture, all training steps), prediction excluded.",
+    ]
+    if meta.get("max_iter_override"):
+        notes.append(
+            f"Quick run: max_iter={meta['max_iter_override']} for every network "
+            "(lr_decay_steps scaled alike), not the paper's 20,000."
+        )
+    if meta.get("train_subset"):
+        notes.append(
+            f"Quick run: a random {meta['train_subset']}-image subset of the "
+            "training set, not all 60,000."
+        )
+    return notes
+
+
+def render(results):
+    """The tables as (plain text / RST, Markdown)."""
+    meta = results["meta"]
+    runs = results["runs"]
+    rows = results["rows"]
+    header_line = (
+        f"{meta.get('device', '?')} | torch {meta.get('torch')} | "
+        f"CUDA {meta.get('cuda')} | scikit-learn {meta.get('sklearn')} | "
+        f"skassoc {meta.get('skassoc')} ({meta.get('git_revision')}) | "
+        f"{meta.get('date')}"
+    )
+    title = "MNIST: learning by association (Haeusser et al., CVPR 2017)"
+    rst = [title, "=" * len(title), "", header_line, ""]
+    md = [f"# {title}", "", header_line, ""]
+    for note in common_notes(meta):
+        rst.append(f"- {note}")
+        md.append(f"- {note}")
+    rst.append("")
+    md.append("")
+    for part in PARTS:
+        part_rows = [r for r in rows if r["part"] == part]
+        if not part_rows:
+            continue
+        cells = table_cells(part_rows, runs)
+        heading = PART_TITLES[part]
+        note = PART_NOTES[part] + " Last checkpoint, never best-on-test."
+        rst += [
+            heading,
+            "-" * len(heading),
+            "",
+            note,
+            "",
+            rst_table(TABLE_HEADER, cells),
+        ]
+        rst.append("")
+        md += [f"## {heading}", "", note, "", markdown_table(TABLE_HEADER, cells), ""]
+    ok = sorted(
+        (r for r in runs.values() if r.get("status") == "ok"), key=lambda r: r["key"]
+    )
+    if ok:
+        header = ["Run (part/setting/labels/draw)", "Error %", "Fit s", "Steps"]
+        cells = [
+            [
+                r["key"],
+                f"{r['test_error_percent']:.2f}",
+                f"{r['fit_seconds']:.1f}",
+                str(r.get("n_iter", "")),
+            ]
+            for r in ok
+        ]
+        md += ["## Per-run results", "", markdown_table(header, cells), ""]
+        heading = "Per-run results"
+        rst += [heading, "-" * len(heading), "", rst_table(header, cells), ""]
+    return "\n".join(rst), "\n".join(md)
+
+
+# ------------------------------------------------------------------ output
+
+
+def write_atomic(path, text):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Output:
+    def __init__(self, json_path, markdown_path, rst_path):
+        self.json_path = json_path
+        self.markdown_path = markdown_path
+        self.rst_path = rst_path
+
+    def save(self, results):
+        """Rewrite the JSON and the tables (after every run)."""
+        write_atomic(self.json_path, json.dumps(results, indent=2, default=str))
+        rst, md = render(results)
+        if self.markdown_path:
+            write_atomic(self.markdown_path, md + "\n")
+        if self.rst_path:
+            write_atomic(self.rst_path, rst + "\n")
+        return rst
+
+
+def load_results(paths):
+    """Runs and rows of earlier JSON files (later files win on conflicts)."""
+    runs, rows, metas = {}, [], []
+    for path in paths:
+        with open(path) as f:
+            old = json.load(f)
+        metas.append(old.get("meta", {}))
+        for key, record in old.get("runs", {}).items():
+            current = runs.get(key)
+            if (
+                current is None
+                or current.get("status") != "ok"
+                or record.get("status") == "ok"
+            ):
+                runs[key] = record
+        rows = merge_rows(rows, old.get("rows", []))
+    return runs, rows, metas
+
+
+def merge_rows(rows, new_rows):
+    seen = {(r["part"], r["setting"], r["labels"]): i for i, r in enumerate(rows)}
+    rows = list(rows)
+    for row in new_rows:
+        ident = (row["part"], row["setting"], row["labels"])
+        if ident in seen:
+            old = rows[seen[ident]]
+            if row["draws"] > old["draws"]:
+                rows[seen[ident]] = row
+        else:
+            seen[ident] = len(rows)
+            rows.append(row)
+    return rows
+
+
+# -------------------------------------------------------------------- CLI
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)"
+    )
+    parser.add_argument(
+        "--data-home",
+        default=None,
+        help="folder with the MNIST files (default: $SKASSOC_MNIST_DIR, else "
+        "../shared/data/mnist beside the repository, else data_local/mnist)",
+    )
+    parser.add_argument(
+        "--parts",
+        default="all",
+        help=f"comma list among {','.join(PARTS)} (default all)",
+    )
+    parser.add_argument("--draws", type=int, default=5, help="table1 and recipes")
+    parser.add_argument("--visit-draws", type=int, default=3)
+    parser.add_argument("--baseline-draws", type=int, default=3)
+    parser.add_argument("--ablation-draws", type=int, default=3)
+    parser.add_argument(
+        "--recipes",
+        default="paper,improved",
+        help="comma list of skassoc.RECIPES names for the recipes part",
+    )
+    parser.add_argument(
+        "--ablations",
+        default=",".join(ABLATIONS),
+        help=f"comma list among {','.join(ABLATIONS)} (default all)",
+    )
+    parser.add_argument(
+        "--max-iter",
+        type=int,
+        default=None,
+        help="training steps of every network instead of the recipe's "
+        "(lr_decay_steps scaled alike); for quick runs",
+    )
+    parser.add_argument(
+        "--train-subset",
+        type=int,
+        default=None,
+        help="train on a random subset of N training images (quick runs)",
+    )
+    parser.add_argument(
+        "--eval-subset",
+        type=int,
+        default=None,
+        help="evaluate on the first N test images (quick runs)",
+    )
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="results file (default benchmarks/results/mnist_<device>.json)",
+    )
+    parser.add_argument(
+        "--markdown",
+        default=None,
+        help="Markdown tables (default benchmarks/results/mnist_<device>.md; "
+        "'none' to skip)",
+    )
+    parser.add_argument(
+        "--rst",
+        default=None,
+        help="reStructuredText tables (default benchmarks/results/"
+        "mnist_<device>.rst; 'none' to skip)",
+    )
+    parser.add_argument(
+        "--resume",
+        nargs="*",
+        default=None,
+        metavar="JSON",
+        help="skip runs already in the JSON file(s) given, or in --json when "
+        "none is given",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds: start no run that would end after this (the longest "
+        "run of its kind so far counts as its duration)",
+    )
+    parser.add_argument(
+        "--shard",
+        default=None,
+        help="I/N: run only the runs whose index modulo N is I (one process "
+        "per GPU, then --merge)",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="join these JSON files (e.g. shards) into --json and the tables; "
+        "trains nothing",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the runs and an estimate of their time, train nothing",
+    )
+    args = parser.parse_args(argv)
+
+    parts = PARTS if args.parts == "all" else tuple(p for p in args.parts.split(","))
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; choose among {list(PARTS)}")
+    args.parts = [p for p in PARTS if p in parts]
+    for name in ("draws", "visit_draws", "baseline_draws", "ablation_draws"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.shard is not None:
+        try:
+            index, count = (int(v) for v in args.shard.split("/"))
+        except ValueError:
+            parser.error("--shard takes I/N, e.g. 0/4")
+        if not 0 <= index < count:
+            parser.error("--shard I/N needs 0 <= I < N")
+        args.shard_index, args.shard_count = index, count
+    return args
+
+
+def resolve_names(args):
+    recipes = []
+    for name in (n for n in args.recipes.split(",") if n):
+        if name in RECIPES:
+            recipes.append(name)
+        else:
+            message = (
+                f"recipe {name!r} is not in skassoc.RECIPES "
+                f"({sorted(RECIPES)}); skipping it"
+            )
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+    ablations = [n for n in args.ablations.split(",") if n]
+    unknown = [n for n in ablations if n not in ABLATIONS]
+    if unknown:
+        sys.exit(f"unknown ablation(s) {unknown}; choose among {list(ABLATIONS)}")
+    return recipes, ablations
+
+
+def output_paths(args, stem):
+    results_dir = REPO_ROOT / "benchmarks" / "results"
+
+    def pick(value, suffix, default_on):
+        if value is not None:
+            return None if value.lower() == "none" else Path(value)
+        return results_dir / f"{stem}.{suffix}" if default_on else None
+
+    # Shards write JSON only by default: --merge makes the tables.
+    tables = args.shard is None
+    return Output(
+        pick(args.json, "json", True),
+        pick(args.markdown, "md", tables),
+        pick(args.rst, "rst", tables),
+    )
+
+
+def merge_main(args):
+    runs, rows, metas = load_results(args.merge)
+    meta = dict(metas[0]) if metas else {}
+    meta["merged_from"] = [str(p) for p in args.merge]
+    meta["shards"] = metas
+    meta["shard"] = None
+    results = {"meta": meta, "rows": rows, "runs": runs}
+    output = output_paths(args, f"mnist_{meta.get('device_type', 'unknown')}")
+    print(output.save(results), flush=True)
+    print(f"\nwrote {output.json_path}", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.merge:
+        merge_main(args)
+        return
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    recipes, ablations = resolve_names(args)
+    plan = build_plan(args, device.type, recipes, ablations)
+    jobs = list(plan.jobs.items())
+    if args.shard is not None:
+        jobs = [
+            j for i, j in enumerate(jobs) if i % args.shard_count == args.shard_index
+        ]
+    n_keys = sum(len(job["keys"]) for _, job in jobs)
+    estimate = sum(estimated_seconds(job["config"], device.type) for _, job in jobs)
+    print(
+        f"{len(jobs)} runs to train for {n_keys} table entries; estimated "
+        f"{estimate / 60:.0f} min (networks at {GPU_SECONDS_PER_20K:.0f} s per "
+        f"20,000 steps on a GPU, {GPU_SECONDS_PER_20K_AUGMENTED:.0f} s with "
+        f"augmentation; CPU baselines {CPU_BASELINE_SECONDS:.0f} s each)",
+        flush=True,
+    )
+    if args.dry_run:
+        for _, job in jobs:
+            seconds = estimated_seconds(job["config"], device.type)
+            print(f"  {seconds:6.0f} s  {', '.join(job['keys'])}")
+        return
+
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda was asked for, but torch sees no GPU.")
+    stem = f"mnist_{device.type}"
+    if args.shard is not None:
+        stem += f".shard{args.shard_index}of{args.shard_count}"
+    output = output_paths(args, stem)
+
+    start_time = time.perf_counter()
+    data = Data(args)
+    meta = make_meta(args, device, data, recipes, ablations)
+    results = {"meta": meta, "rows": [], "runs": {}}
+    if args.resume is not None:
+        sources = args.resume or [output.json_path]
+        sources = [p for p in sources if Path(p).is_file()]
+        if sources:
+            runs, rows, metas = load_results(sources)
+            results["runs"] = runs
+            results["rows"] = rows
+            meta["resumed_from"] = [str(p) for p in sources]
+            for old in metas:
+                if old.get("device") and old.get("device") != meta["device"]:
+                    print(
+                        f"warning: resuming runs made on {old['device']!r} "
+                        f"on {meta['device']!r}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        else:
+            print("nothing to resume from; starting afresh", flush=True)
+    results["rows"] = merge_rows(results["rows"], plan.rows)
+    print(
+        f"device: {meta['device']} | torch {meta['torch']} | sklearn "
+        f"{meta['sklearn']} | train {meta['n_train']} | eval {meta['n_eval']} | "
+        f"parts {','.join(args.parts)} | recipes {','.join(recipes) or '-'}",
+        flush=True,
+    )
+
+    runs = results["runs"]
+    finished = {r["signature"]: r for r in runs.values() if r.get("status") == "ok"}
+    longest = {}
+    skipped = []
+    for index, (signature, job) in enumerate(jobs, 1):
+        config = job["config"]
+        keys = job["keys"]
+        label = f"[{index}/{len(jobs)}] {keys[0]}"
+        trained = signature not in finished
+        if not trained:
+            source = finished[signature]
+        else:
+            elapsed = time.perf_counter() - start_time
+            expected = longest.get(
+                config["method"], estimated_seconds(config, device.type)
+            )
+            if args.time_budget is not None and elapsed + expected > args.time_budget:
+                skipped.extend(keys)
+                print(f"{label}: skipped, time budget", flush=True)
+                continue
+            print(f"{label}: training ...", flush=True)
+            source = {
+                "signature": signature,
+                "config": config,
+                "device": meta["device"],
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            }
+            run_start = time.perf_counter()
+            try:
+                source.update(run_job(config, data, device))
+                source["status"] = "ok"
+                finished[signature] = source
+            except Exception as exc:  # keep going: one failed run is one row
+                traceback.print_exc()
+                source["status"] = "error"
+                source["error"] = f"{type(exc).__name__}: {exc}"
+            duration = time.perf_counter() - run_start
+            source["seconds_total"] = duration
+            longest[config["method"]] = max(longest.get(config["method"], 0), duration)
+        for key in keys:
+            old = runs.get(key, {})
+            if old.get("signature") == signature and old.get("status") == "ok":
+                continue
+            part, setting, labels, draw = key.split("/")
+            runs[key] = {
+                **copy.deepcopy(source),
+                "key": key,
+                "part": part,
+                "setting": setting,
+                "labels": labels,
+                "draw": int(draw),
+                "shared_with": [k for k in keys if k != key],
+            }
+        output.save(results)
+        if not trained:
+            print(f"{label}: done earlier", flush=True)
+            continue
+        if source["status"] == "ok":
+            print(
+                f"{label}: error {source['test_error_percent']:.2f}% | fit "
+                f"{source['fit_seconds']:.1f} s | eval "
+                f"{source['eval_seconds']:.1f} s | elapsed "
+                f"{(time.perf_counter() - start_time) / 60:.1f} min",
+                flush=True,
+            )
+        else:
+            print(f"{label}: FAILED ({source['error']})", flush=True)
+
+    results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    results["meta"]["wall_seconds"] = time.perf_counter() - start_time
+    results["meta"]["skipped_for_time"] = skipped
+    results["meta"]["pca_seconds"] = data.pca_seconds
+    rst = output.save(results)
+    print("\n" + rst, flush=True)
+    if skipped:
+        print(
+            f"\n{len(skipped)} table entries skipped for the time budget; rerun "
+            "with --resume to add them",
+            flush=True,
+        )
+    written = [output.json_path, output.markdown_path, output.rst_path]
+    print("\nwrote " + ", ".join(str(p) for p in written if p), flush=True)
+
+
+if __name__ == "__main__":
+    main()
