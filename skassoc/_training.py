@@ -69,6 +69,13 @@ class NonFiniteLossError(FloatingPointError):
     """Raised when a training loss becomes NaN or infinite."""
 
 
+def cpu_has_native_bf16():
+    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX)."""
+    # torch exposes these checks only privately; without them, assume not.
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
 def autocast_context(device, precision):
     """Autocast for the network's forward pass (the losses stay float32)."""
     if precision != "bf16":
