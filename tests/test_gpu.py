@@ -1,0 +1,114 @@
+"""The GPU code paths: CUDA graphs, precisions, augmentation, concurrency.
+
+Skipped without CUDA; each test has a CPU counterpart elsewhere in the suite.
+"""
+
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import GridSearchCV
+
+from skassoc import SemiSupervisedAssociationClassifier
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"
+)
+
+
+@pytest.fixture(scope="module")
+def digit_images():
+    X, y = load_digits(return_X_y=True)
+    X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    y_semi = y.copy()
+    y_semi[np.arange(len(y)) % 5 != 0] = -1
+    return X, y, y_semi
+
+
+def fit(X, y, **params):
+    defaults = dict(max_iter=300, device="cuda", random_state=0, labeled_per_class=5)
+    return SemiSupervisedAssociationClassifier(**{**defaults, **params}).fit(X, y)
+
+
+def test_cuda_graph_trains_like_the_eager_loop(digit_images):
+    X, y, y_semi = digit_images
+    graph = fit(X, y_semi, cuda_graph=True, precision="fp32")
+    eager = fit(X, y_semi, cuda_graph=False, precision="fp32")
+    # Same recipe, same seed: the graph changes speed, not the result (beyond
+    # the non-determinism of GPU kernels).
+    assert abs(graph.score(X, y) - eager.score(X, y)) < 0.05
+    assert graph.score(X, y) > 0.8
+    assert len(graph.history_["step"]) == len(eager.history_["step"])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_precisions_train(digit_images, precision):
+    X, y, y_semi = digit_images
+    clf = fit(X, y_semi, precision=precision)
+    assert np.isfinite(clf.history_["total"]).all()
+    assert clf.score(X, y) > 0.8
+    assert clf.predict_proba(X).dtype == np.float32
+
+
+def test_augmentation_and_average_inside_the_graph(digit_images):
+    X, y, y_semi = digit_images
+    clf = fit(X, y_semi, augmentation="paper", ema_decay=0.99)
+    assert clf.score(X, y) > 0.6
+
+
+def test_divergence_is_caught_inside_the_graph(digit_images):
+    X, _, y_semi = digit_images
+    clf = SemiSupervisedAssociationClassifier(
+        learning_rate=1e30, max_iter=50, device="cuda", random_state=0
+    )
+    with pytest.raises(FloatingPointError, match="step"):
+        clf.fit(X, y_semi)
+    assert not hasattr(clf, "model_")
+
+
+def test_grid_search_with_parallel_fits_on_one_gpu(digit_images):
+    X, y, _ = digit_images
+    search = GridSearchCV(
+        SemiSupervisedAssociationClassifier(
+            max_iter=100, device="cuda", random_state=0
+        ),
+        {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]},
+        cv=2,
+        n_jobs=2,
+    ).fit(X, y)
+    assert search.best_score_ > 0.5
+
+
+def test_cuda_model_unpickles_on_a_machine_without_cuda(digit_images, tmp_path):
+    X, _, y_semi = digit_images
+    clf = fit(X, y_semi, max_iter=20)
+    path = tmp_path / "model.pkl"
+    path.write_bytes(pickle.dumps(clf))
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "expected.npy", clf.predict_proba(X))
+    # A fresh interpreter that sees no GPU at all.
+    script = (
+        "import pickle, numpy as np, torch; "
+        "assert not torch.cuda.is_available(); "
+        f"clf = pickle.loads(open({str(path)!r}, 'rb').read()); "
+        "assert clf.device_.type == 'cpu'; "
+        f"X = np.load({str(tmp_path / 'X.npy')!r}); "
+        f"expected = np.load({str(tmp_path / 'expected.npy')!r}); "
+        "np.testing.assert_allclose(clf.predict_proba(X), expected, atol=1e-3)"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_large_unlabeled_batch_fits_in_memory(digit_images):
+    X, _, y_semi = digit_images
+    clf = fit(X, y_semi, unlabeled_batch_size=20_000, max_iter=5)
+    assert clf.n_iter_ == 5
