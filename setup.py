@@ -37,6 +37,13 @@ setup(
             "ruff>=0.4",
         ],
         "examples": ["matplotlib>=3.6"],
+        "docs": [
+            "sphinx>=7",
+            "numpydoc>=1.6",
+            "sphinx-gallery>=0.15",
+            "matplotlib>=3.6",
+            "pandas>=1.5",
+        ],
     },
     classifiers=[
         "Programming Language :: Python :: 3",
