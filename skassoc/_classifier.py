@@ -167,7 +167,7 @@ class SemiSupervisedAssociationClassifier(
         The trained network (embedding network and logit layer).
     n_features_in_ : int
         Number of values in one sample seen during ``fit``.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Names of the features seen during ``fit`` (only for DataFrames with
         string column names).
     input_shape_ : tuple of int or None
@@ -596,7 +596,7 @@ class SemiSupervisedAssociationClassifier(
 
         Returns
         -------
-        embeddings : ndarray of shape (n_samples, embedding_dim_)
+        embeddings : ndarray of shape (n_samples, `embedding_dim_`)
             The learned embeddings.
         """
         return self._forward(X, "embedding")

@@ -179,8 +179,8 @@ def encode_semi_supervised_labels(y):
         Index into ``classes`` of every sample, ``-1`` for unlabeled ones.
     """
     y = np.asarray(y)
-    # NumPy turns the -1 of np.where(mask, string_labels, -1) into "-1", so in
-    # string arrays that string marks unlabeled samples too.
+    # A string array cannot hold the integer -1, so there the string "-1"
+    # marks unlabeled samples (np.where(known, y, "-1") builds one).
     marker = str(UNLABELED) if y.dtype.kind in "US" else UNLABELED
     labeled = np.asarray(y != marker, dtype=bool)
     if not labeled.any():

@@ -1,0 +1,143 @@
+"""Sphinx configuration of the skassoc documentation.
+
+Build (from the repository root)::
+
+    python -m pip install ".[docs]"
+    python -m sphinx -W -b html docs docs/_build/html
+
+``SKASSOC_DOCS_PLOT=0`` renders the example gallery without running the
+examples (a quick build); by default the examples run and their figures are
+shown.
+"""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+# Document the source tree next to this folder, installed or not.
+sys.path.insert(0, str(ROOT))
+
+import skassoc  # noqa: E402
+
+# -- Project -----------------------------------------------------------------
+
+project = "skassoc"
+author = "skassoc developers"
+copyright = "2026, skassoc developers"
+version = skassoc.__version__
+release = skassoc.__version__
+
+# -- General -----------------------------------------------------------------
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.mathjax",
+    # intersphinx is left out on purpose: the build must work without
+    # network access, and intersphinx would fetch other projects' inventories.
+    "numpydoc",
+    "sphinx_gallery.gen_gallery",
+]
+
+templates_path = ["_templates"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
+default_role = "literal"
+pygments_style = "sphinx"
+
+# -- autodoc / autosummary / numpydoc ---------------------------------------
+
+autosummary_generate = True
+autosummary_imported_members = False
+autodoc_default_options = {"member-order": "groupwise"}
+autodoc_typehints = "none"
+# Classes list their methods through the autosummary class template, not
+# through numpydoc's member table (which would duplicate them).
+numpydoc_show_class_members = False
+numpydoc_show_inherited_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_attributes_as_param_list = True
+numpydoc_xref_param_type = False
+
+# -- sphinx-gallery ----------------------------------------------------------
+
+
+def _plot_gallery():
+    """Run the examples unless SKASSOC_DOCS_PLOT is 0/false/no/off."""
+    value = os.environ.get("SKASSOC_DOCS_PLOT", "1").strip().lower()
+    return value not in {"0", "false", "no", "off", ""}
+
+
+EXAMPLES = ROOT / "examples"
+sphinx_gallery_conf = {
+    "examples_dirs": "../examples",
+    "gallery_dirs": "auto_examples",
+    # Only plot_*.py files are executed ...
+    "filename_pattern": r"/plot_",
+    # ... and only they are shown: other scripts in examples/ (such as
+    # digits_main.py, a command-line job) are not gallery examples.
+    "ignore_pattern": r"^(?!plot_)|__init__\.py",
+    "plot_gallery": _plot_gallery(),
+    "download_all_examples": False,
+    "within_subsection_order": "FileNameSortKey",
+    "remove_config_comments": True,
+    "abort_on_example_error": False,
+    "only_warn_on_example_error": False,
+    "show_memory": False,
+    "image_scrapers": ("matplotlib",),
+    "matplotlib_animations": False,
+}
+# sphinx-gallery needs a header file in the examples folder, also while the
+# folder holds no example yet.
+if not any(
+    (EXAMPLES / name).is_file()
+    for name in ("README.txt", "README.rst", "GALLERY_HEADER.rst")
+):
+    raise RuntimeError(
+        f"{EXAMPLES} needs a README.txt (the gallery's title and introduction)."
+    )
+
+# -- HTML --------------------------------------------------------------------
+
+html_theme = "alabaster"
+html_title = f"skassoc {release}"
+html_static_path = ["_static"]
+html_css_files = ["skassoc.css"]
+html_theme_options = {
+    "description": "Learning by association for scikit-learn",
+    "fixed_sidebar": True,
+    "page_width": "1100px",
+    "body_max_width": "none",
+    "sidebar_width": "230px",
+    "show_relbars": True,
+}
+html_sidebars = {
+    "**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]
+}
+html_show_sourcelink = False
+
+
+# -- Docstring fix-ups -------------------------------------------------------
+
+# Methods inherited from scikit-learn (score, get_params, set_output, ...)
+# refer to labels and glossary terms of scikit-learn's own documentation,
+# which this build cannot resolve without intersphinx (and network access).
+# Keep the text of those references and drop the link.
+_TITLED_REF = re.compile(r":(?:ref|term|doc):`([^`<]+?)\s*<[^`>]+>`")
+_BARE_REF = re.compile(r":(?:ref|term|doc):`([^`<>]+)`")
+
+
+def _unlink_foreign_references(app, what, name, obj, options, lines):
+    module = getattr(obj, "__module__", None) or ""
+    if module == "skassoc" or module.startswith("skassoc."):
+        return
+    for i, line in enumerate(lines):
+        line = _TITLED_REF.sub(r"\1", line)
+        lines[i] = _BARE_REF.sub(r"\1", line)
+
+
+def setup(app):
+    # Priorities below numpydoc's (500): fix the text before numpydoc parses it.
+    app.connect("autodoc-process-docstring", _unlink_foreign_references, priority=400)
