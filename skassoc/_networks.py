@@ -6,8 +6,6 @@ callers never pre-process. :class:`AssociationModel` puts the paper's linear
 logit layer on top of any embedding network.
 """
 
-import math
-
 import torch
 from torch import nn
 
@@ -306,8 +304,3 @@ def weight_tensors(model, embedder_scale, logit_scale):
             weights.append(param)
             scales.append(logit_scale if name.startswith("logits.") else embedder_scale)
     return weights, scales
-
-
-def flat_size(shape):
-    """Number of features of one sample of ``shape``."""
-    return math.prod(shape)
