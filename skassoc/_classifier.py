@@ -387,29 +387,8 @@ class SemiSupervisedAssociationClassifier(
             embedding_dim = model.logits.in_features
             tensor = as_tensor(data).to(device)
             sampler = self._make_sampler(encoded, device)
-            config = TrainingConfig(
-                max_iter=max_iter,
-                learning_rate=float(self.learning_rate),
-                lr_decay=float(self.lr_decay),
-                lr_decay_steps=(
-                    max(1, round(max_iter / 4))
-                    if self.lr_decay_steps == "auto"
-                    else self.lr_decay_steps
-                ),
-                walker_weight=float(self.walker_weight),
-                visit_weight=float(self.visit_weight),
-                logit_weight=float(self.logit_weight),
-                association_delay=self.association_delay,
-                association_ramp_steps=self.association_ramp_steps,
-                l2_scale=self._resolve_l2_scale(model, network_name),
-                logit_l2_scale=LOGIT_L2_SCALE,
-                precision=precision,
-                cuda_graph=self.cuda_graph in ("auto", True),
-                channels_last=data.ndim == 4,
-                log_interval=default_log_interval(max_iter),
-                verbose=self.verbose,
-                augmentation=augmentation,
-                ema_decay=self.ema_decay,
+            config = self._training_config(
+                max_iter, precision, model, augmentation, images=data.ndim == 4
             )
             with precision_context(device, precision):
                 result = train(model, tensor, sampler, config, device)
@@ -427,9 +406,39 @@ class SemiSupervisedAssociationClassifier(
                 f"Training was interrupted after {result.n_iter} of {max_iter} "
                 "steps; the model keeps the weights of the last completed step.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,  # _fit, fit, scikit-learn's fit wrapper, caller
             )
         return self
+
+    def _training_config(self, max_iter, precision, model, augmentation, images):
+        """The run's hyperparameters, with every "auto" resolved."""
+        lr_decay_steps = self.lr_decay_steps
+        if lr_decay_steps == "auto":
+            lr_decay_steps = max(1, round(max_iter / 4))
+        if self.l2_scale == "auto":
+            l2_scale = getattr(model.embedder, "default_l2_scale", 1e-4)
+        else:
+            l2_scale = self.l2_scale
+        return TrainingConfig(
+            max_iter=max_iter,
+            learning_rate=float(self.learning_rate),
+            lr_decay=float(self.lr_decay),
+            lr_decay_steps=lr_decay_steps,
+            walker_weight=float(self.walker_weight),
+            visit_weight=float(self.visit_weight),
+            logit_weight=float(self.logit_weight),
+            association_delay=self.association_delay,
+            association_ramp_steps=self.association_ramp_steps,
+            l2_scale=float(l2_scale),
+            logit_l2_scale=LOGIT_L2_SCALE,
+            precision=precision,
+            cuda_graph=self.cuda_graph in ("auto", True),
+            channels_last=images,
+            log_interval=default_log_interval(max_iter),
+            verbose=self.verbose,
+            augmentation=augmentation,
+            ema_decay=self.ema_decay,
+        )
 
     def _resolve_auto(self, name, defaults, device):
         value = getattr(self, name)
@@ -443,11 +452,6 @@ class SemiSupervisedAssociationClassifier(
         # bf16 convolutions roughly double a CPU's speed where it has native
         # bf16 arithmetic; elsewhere they are emulated and slower.
         return "bf16" if images and cpu_has_native_bf16() else "fp32"
-
-    def _resolve_l2_scale(self, model, network_name):
-        if self.l2_scale != "auto":
-            return float(self.l2_scale)
-        return float(getattr(model.embedder, "default_l2_scale", 1e-4))
 
     def _build_model(self, data, image_shape, n_classes, device):
         """The embedding network plus logit layer, initialised from torch's seed."""
