@@ -19,7 +19,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._augmentation import resolve_augmentation
-from ._networks import AssociationModel, auto_network_name, build_network
+from ._networks import (
+    AssociationModel,
+    auto_network_name,
+    build_network,
+    place_model,
+)
 from ._persistence import load_model, save_model
 from ._sampling import AssociationBatchSampler
 from ._training import (
@@ -474,11 +479,8 @@ class SemiSupervisedAssociationClassifier(
         # A custom module may already live on a GPU: probe it on the device.
         embedder = embedder.to(device)
         embedding_dim = self._probe_embedding_dim(embedder, data, device)
-        model = AssociationModel(embedder, embedding_dim, n_classes).to(device)
-        if data.ndim == 4:
-            # Convolutions run faster on channels-last tensors, GPU and CPU.
-            model = model.to(memory_format=torch.channels_last)
-        return model, name
+        model = AssociationModel(embedder, embedding_dim, n_classes)
+        return place_model(model, device, images=data.ndim == 4), name
 
     @staticmethod
     def _probe_embedding_dim(embedder, data, device):

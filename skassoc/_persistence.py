@@ -31,7 +31,13 @@ import numpy as np
 import torch
 from sklearn.utils.validation import check_is_fitted
 
-from ._networks import NETWORKS, AssociationModel, MLPNet, build_network
+from ._networks import (
+    NETWORKS,
+    AssociationModel,
+    MLPNet,
+    build_network,
+    place_model,
+)
 from ._validation import resolve_device
 
 __all__ = ["save_model", "load_model", "FORMAT_NAME", "FORMAT_VERSION"]
@@ -420,10 +426,7 @@ def _rebuild(metadata, weights, device):
     )
     _load_weights(model, weights)
     model.eval()
-    model = model.to(device)
-    if device.type == "cuda" and input_shape is not None:
-        # As fit does: image models run channels-last on the GPU.
-        model = model.to(memory_format=torch.channels_last)
+    model = place_model(model, device, images=input_shape is not None)
 
     estimator.model_ = model
     estimator.classes_ = classes
