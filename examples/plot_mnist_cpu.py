@@ -28,10 +28,16 @@ from sklearn.metrics import ConfusionMatrixDisplay
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
+# Without SKASSOC_MNIST_DIR, use the copy beside the repository if there is
+# one (run from the repository root or, as the docs build does, from
+# examples/), else let load_mnist download the files.
 data_home = None
-local_copy = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
-if "SKASSOC_MNIST_DIR" not in os.environ and local_copy.is_dir():
-    data_home = local_copy
+candidates = [
+    Path("..", "shared", "data", "mnist"),
+    Path("..", "..", "shared", "data", "mnist"),
+]
+if "SKASSOC_MNIST_DIR" not in os.environ:
+    data_home = next((path for path in candidates if path.is_dir()), None)
 
 X_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)
 X_test, y_test = load_mnist("test", data_home=data_home, return_X_y=True)
