@@ -43,6 +43,17 @@ def association_matrices(a, b):
     p_aba : torch.Tensor of shape (n_labeled, n_labeled)
         Probability of the round trip ``a[i] -> B -> a[k]``.
 
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import association_matrices
+    >>> a, b = torch.randn(4, 8), torch.randn(6, 8)
+    >>> p_ab, p_ba, p_aba = association_matrices(a, b)
+    >>> p_ab.shape, p_ba.shape, p_aba.shape
+    (torch.Size([4, 6]), torch.Size([6, 4]), torch.Size([4, 4]))
+    >>> torch.allclose(p_aba.sum(dim=1), torch.ones(4))
+    True
+
     Notes
     -----
     The similarity is the raw dot product ``M = a @ b.T`` (no temperature, no
@@ -79,6 +90,17 @@ def walker_loss(p_aba, labels):
         Scalar loss, averaged over the labeled samples. The target of row
         ``i`` is uniform over the samples of the class of ``i`` (itself
         included).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import walker_loss
+    >>> labels = torch.tensor([0, 0, 1, 1])
+    >>> perfect = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0],
+    ...                         [0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 0.5]])
+    >>> mixed = torch.full((4, 4), 0.25)
+    >>> bool(walker_loss(perfect, labels) < walker_loss(mixed, labels))
+    True
     """
     same_class = (labels[:, None] == labels[None, :]).to(p_aba.dtype)
     target = same_class / same_class.sum(dim=1, keepdim=True)
@@ -98,6 +120,15 @@ def visit_loss(p_ab):
     loss : torch.Tensor
         Scalar loss; smallest when every unlabeled sample is visited equally
         often, which keeps the walker from ignoring hard unlabeled samples.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import visit_loss
+    >>> uniform = torch.full((2, 4), 0.25)
+    >>> one_sample = torch.tensor([[1.0, 0, 0, 0], [1.0, 0, 0, 0]])
+    >>> bool(visit_loss(uniform) < visit_loss(one_sample))
+    True
     """
     p_visit = p_ab.mean(dim=0)
     return -torch.log(LOG_EPSILON + p_visit).mean()
@@ -117,6 +148,14 @@ def classification_loss(logits, labels):
     -------
     loss : torch.Tensor
         Scalar mean cross-entropy, computed in float32.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import classification_loss
+    >>> logits = torch.tensor([[4.0, 0.0], [0.0, 4.0]])
+    >>> round(float(classification_loss(logits, torch.tensor([0, 1]))), 4)
+    0.0181
     """
     return F.cross_entropy(logits.float(), labels)
 
@@ -136,6 +175,13 @@ def l2_penalty(weights, scales):
     -------
     penalty : torch.Tensor
         Scalar penalty (zero when ``weights`` is empty).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import l2_penalty
+    >>> round(float(l2_penalty([torch.ones(2, 2)], [1e-3])), 6)
+    0.002
     """
     penalty = None
     for weight, scale in zip(weights, scales, strict=True):

@@ -180,6 +180,20 @@ def plot_association_graph(
     See Also
     --------
     plot_nearest_neighbors : Nearest neighbours in the embedding.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.datasets import load_digits
+    >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> from skassoc.plotting import plot_association_graph
+    >>> X, y = load_digits(return_X_y=True)
+    >>> X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    >>> clf = SemiSupervisedAssociationClassifier(max_iter=20, device="cpu",
+    ...                                           random_state=0).fit(X, y)
+    >>> fig = plot_association_graph(clf, X[:10], y[:10], X[10:20])
+    >>> len(fig.axes)
+    1
     """
     check_is_fitted(estimator)
     matplotlib = _import_matplotlib()
@@ -328,6 +342,20 @@ def plot_nearest_neighbors(
     See Also
     --------
     plot_association_graph : The walk between labeled and unlabeled samples.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.datasets import load_digits
+    >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> from skassoc.plotting import plot_nearest_neighbors
+    >>> X, y = load_digits(return_X_y=True)
+    >>> X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    >>> clf = SemiSupervisedAssociationClassifier(max_iter=20, device="cpu",
+    ...                                           random_state=0).fit(X, y)
+    >>> fig = plot_nearest_neighbors(clf, X[:2], X[2:200], n_neighbors=3)
+    >>> len(fig.axes)
+    8
     """
     check_is_fitted(estimator)
     matplotlib = _import_matplotlib()
