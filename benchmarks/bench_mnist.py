@@ -76,7 +76,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -84,8 +83,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import (
+    REPO_ROOT,
+    default_data_home,
+    device_description,
+    git_revision,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Benchmark the checkout this script belongs to, installed or not.
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -480,55 +484,6 @@ def run_job(config, data, device):
 
 
 # --------------------------------------------------------------- metadata
-
-
-def default_data_home():
-    from_env = os.environ.get("SKASSOC_MNIST_DIR")
-    if from_env:
-        return from_env
-    for candidate in (
-        REPO_ROOT.parent / "shared" / "data" / "mnist",
-        REPO_ROOT / "shared" / "data" / "mnist",
-    ):
-        if candidate.is_dir():
-            return str(candidate)
-    return str(REPO_ROOT / "data_local" / "mnist")
-
-
-def device_description(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    name = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name or platform.machine()}, {os.cpu_count()} logical CPUs"
-
-
-def git_revision():
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def make_meta(args, device, data, recipes, ablations):

@@ -56,9 +56,7 @@ versions and all figures.
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,9 +64,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import (
+    REPO_ROOT,
+    default_data_home,
+    device_description,
+    git_revision,
+)
 from torch import nn
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Benchmark the checkout this script belongs to, installed or not.
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -221,52 +224,6 @@ def skassoc_fit(x, y_semi, max_iter, args, device, **overrides):
 
 def classifier_test_error(clf, x_test, y_test):
     return 100.0 * float(np.mean(clf.predict(x_test) != y_test))
-
-
-def default_data_home():
-    from_env = os.environ.get("SKASSOC_MNIST_DIR")
-    if from_env:
-        return from_env
-    shared = REPO_ROOT.parent / "shared" / "data" / "mnist"
-    if shared.is_dir():
-        return str(shared)
-    return str(REPO_ROOT / "data_local" / "mnist")
-
-
-def device_description(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    name = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name or platform.machine()}, {os.cpu_count()} logical CPUs"
-
-
-def git_revision():
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def backend_flags():
