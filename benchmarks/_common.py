@@ -3,6 +3,7 @@
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -60,3 +61,27 @@ def git_revision():
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def environment(device):
+    """Machine, library versions and revision: the header of every result file."""
+    import numpy as np
+    import sklearn
+
+    import skassoc
+
+    return {
+        "device": device_description(device),
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "sklearn": sklearn.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "skassoc": skassoc.__version__,
+        "skassoc_path": str(Path(skassoc.__file__).parent),
+        "git_revision": git_revision(),
+        "torch_threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }

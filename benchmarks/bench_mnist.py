@@ -75,7 +75,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import sys
 import time
 import traceback
@@ -86,19 +85,16 @@ import torch
 from _common import (
     REPO_ROOT,
     default_data_home,
-    device_description,
-    git_revision,
+    environment,
 )
 
 # Benchmark the checkout this script belongs to, installed or not.
 sys.path.insert(0, str(REPO_ROOT))
 
-import sklearn  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier  # noqa: E402
 
-import skassoc  # noqa: E402
 from skassoc import RECIPES, SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
 from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
 
@@ -487,20 +483,8 @@ def run_job(config, data, device):
 
 
 def make_meta(args, device, data, recipes, ablations):
-    on_gpu = device.type == "cuda"
     return {
-        "device": device_description(device),
-        "device_type": device.type,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if on_gpu else None,
-        "sklearn": sklearn.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "skassoc": skassoc.__version__,
-        "skassoc_path": str(Path(skassoc.__file__).parent),
-        "git_revision": git_revision(),
-        "torch_threads": torch.get_num_threads(),
+        **environment(device),
         "cpu_count": os.cpu_count(),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "parts": list(args.parts),
@@ -521,7 +505,6 @@ def make_meta(args, device, data, recipes, ablations):
         "shard": args.shard,
         "checkpoint": "last (the fitted model); never the best step on the test set",
         "data_home": data.data_home,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
 
 

@@ -56,7 +56,6 @@ versions and all figures.
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -67,17 +66,14 @@ import torch.nn.functional as F
 from _common import (
     REPO_ROOT,
     default_data_home,
-    device_description,
-    git_revision,
+    environment,
 )
 from torch import nn
 
 # Benchmark the checkout this script belongs to, installed or not.
 sys.path.insert(0, str(REPO_ROOT))
 
-import sklearn  # noqa: E402
 
-import skassoc  # noqa: E402
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
 from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
 
@@ -359,18 +355,7 @@ def main(argv=None):
     labeled_idx = np.flatnonzero(y_semi != -1)
 
     meta = {
-        "device": device_description(device),
-        "device_type": device.type,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if on_gpu else None,
-        "sklearn": sklearn.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "skassoc": skassoc.__version__,
-        "skassoc_path": str(Path(skassoc.__file__).parent),
-        "git_revision": git_revision(),
-        "torch_threads": torch.get_num_threads(),
+        **environment(device),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "seed": args.seed,
         "label_seed": args.seed,
@@ -381,7 +366,6 @@ def main(argv=None):
         "eval_rows": eval_rows,
         "predict_rows": predict_rows,
         "data_home": str(Path(data_home).resolve()),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
     print(
         f"device: {meta['device']} | torch {meta['torch']} | "
