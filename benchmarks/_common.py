@@ -85,3 +85,205 @@ def environment(device):
         "torch_threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
+
+
+# ---------------------------------------------------------------------------
+# Helpers of the scripts that rerun one table of the paper (bench_svhn.py,
+# bench_stl10.py): a device from --device, a training schedule shortened by
+# --max-iter, one timed fit and evaluation, and the summary, table and JSON.
+
+
+def resolve_device(name):
+    """The torch device of ``--device``: "auto" is a GPU when torch sees one.
+
+    Exits with a message when a GPU is asked for and torch sees none.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise SystemExit(
+            f"error: --device {name!r} is not a device ({exc}); use auto, cpu, "
+            "cuda or cuda:N."
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"error: --device {name} was asked for, but torch sees no GPU; use "
+            "--device cpu (or auto)."
+        )
+    return device
+
+
+def shortened_schedule(params, max_iter):
+    """``params`` trained for ``max_iter`` steps, the decay interval scaled alike.
+
+    ``params["max_iter"]`` and ``params["lr_decay_steps"]`` must be ints: the
+    learning rate then decays at the same fractions of the run.
+    """
+    params = dict(params)
+    scale = max_iter / params["max_iter"]
+    params["lr_decay_steps"] = max(1, round(params["lr_decay_steps"] * scale))
+    params["max_iter"] = max_iter
+    return params
+
+
+def _synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fit_and_evaluate(params, X, y, X_test, y_test, device):
+    """Fit one SemiSupervisedAssociationClassifier and score its last step.
+
+    Returns the test error and accuracy (%), the wall time of ``fit`` (input
+    validation, copy to the device, CUDA-graph capture and all training
+    steps) and of ``predict`` on the test set, and the final losses.
+    """
+    import numpy as np
+
+    from skassoc import SemiSupervisedAssociationClassifier
+
+    clf = SemiSupervisedAssociationClassifier(**{**params, "device": str(device)})
+    _synchronize(device)
+    start = time.perf_counter()
+    clf.fit(X, y)
+    _synchronize(device)
+    fit_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    predicted = clf.predict(X_test)
+    eval_seconds = time.perf_counter() - start
+    error = 100.0 * float(np.mean(predicted != np.asarray(y_test)))
+    record = {
+        "test_error_percent": error,
+        "test_accuracy_percent": 100.0 - error,
+        "fit_seconds": fit_seconds,
+        "eval_seconds": eval_seconds,
+        "n_iter": int(clf.n_iter_),
+        "final_losses": {
+            name: float(values[-1])
+            for name, values in clf.history_.items()
+            if name in ("total", "walker", "visit", "logit") and len(values)
+        },
+    }
+    del clf
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return record
+
+
+def summarize(values):
+    """Median, sample standard deviation (ddof=1), min and max of ``values``."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    return {
+        "n": n,
+        "median": float(np.median(values)) if n else None,
+        "std": float(np.std(values, ddof=1)) if n > 1 else None,
+        "min": float(values.min()) if n else None,
+        "max": float(values.max()) if n else None,
+    }
+
+
+def text_table(header, rows):
+    """A plain-text table (a reStructuredText simple table), first column left."""
+    rows = [[str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(values):
+        cells = (
+            v.ljust(w) if i == 0 else v.rjust(w)
+            for i, (v, w) in enumerate(zip(values, widths))
+        )
+        return "  ".join(cells).rstrip()
+
+    border = "  ".join("=" * w for w in widths)
+    return "\n".join([border, line(header), border, *map(line, rows), border])
+
+
+def write_json(path, data):
+    """Write ``data`` as JSON atomically (a reader never sees half a file)."""
+    import json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def run_and_record(run, make_inputs, results, out, device):
+    """Train and score one run; append it to ``results["runs"]`` and save.
+
+    ``run`` describes the run (its setting and seed; it also names it in the
+    log); ``make_inputs()`` returns ``(params, X, y, X_test, y_test)`` for
+    :func:`fit_and_evaluate`. A failing run is recorded with its error and
+    the traceback printed, so that one failure costs one entry, not the rest
+    of the benchmark. The JSON ``out`` is rewritten after every run.
+    """
+    import traceback
+
+    name = ", ".join(f"{k} {v}" for k, v in run.items())
+    print(f"{name}: training ...", flush=True)
+    run = dict(run)
+    try:
+        params, X, y, X_test, y_test = make_inputs()
+        run["params"] = params
+        run.update(fit_and_evaluate(params, X, y, X_test, y_test, device))
+        run["status"] = "ok"
+        print(
+            f"{name}: error {run['test_error_percent']:.2f}% (accuracy "
+            f"{run['test_accuracy_percent']:.2f}%) | fit {run['fit_seconds']:.1f} s",
+            flush=True,
+        )
+    except Exception as exc:  # keep going: one failed run is one entry
+        traceback.print_exc()
+        run["status"] = "error"
+        run["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"{name}: FAILED ({run['error']})", flush=True)
+    results["runs"].append(run)
+    write_json(out, results)
+    return run
+
+
+def summary_row(runs, score_key, **fields):
+    """One table row: ``fields`` plus the summaries of the runs that succeeded."""
+    done = [r for r in runs if r.get("status") == "ok"]
+    return {
+        **fields,
+        "runs": len(runs),
+        "runs_ok": len(done),
+        score_key: summarize([r[score_key] for r in done]),
+        "fit_seconds": summarize([r["fit_seconds"] for r in done]),
+    }
+
+
+def results_table(rows, setting_key, setting_title, score_key, score_title):
+    """The rows of :func:`summary_row` as a text table beside the paper's figure."""
+
+    def number(value, digits=2):
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    header = [setting_title, "Runs", f"{score_title} (median)", "Std", "Min-max"]
+    header += ["Paper", "Fit s (median)"]
+    cells = []
+    for row in rows:
+        score = row[score_key]
+        runs = str(row["runs_ok"])
+        if row["runs_ok"] != row["runs"]:
+            runs += f"/{row['runs']}"
+        spread = "n/a" if not score["n"] else f"{score['min']:.2f}-{score['max']:.2f}"
+        cells.append(
+            [
+                row[setting_key],
+                runs,
+                number(score["median"]),
+                number(score["std"]),
+                spread,
+                number(row.get("paper")),
+                number(row["fit_seconds"]["median"], 1),
+            ]
+        )
+    return text_table(header, cells)

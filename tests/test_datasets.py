@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 import scipy.io
 
-from skassoc.datasets import _mnist, load_mnist, load_svhn, make_semi_supervised_labels
+from skassoc.datasets import (
+    _mnist,
+    load_mnist,
+    load_stl10,
+    load_svhn,
+    make_semi_supervised_labels,
+)
 
 MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -30,6 +36,7 @@ def no_env(monkeypatch, tmp_path):
     """Keep the user's environment from choosing the data folder."""
     monkeypatch.delenv("SKASSOC_MNIST_DIR", raising=False)
     monkeypatch.delenv("SKASSOC_SVHN_DIR", raising=False)
+    monkeypatch.delenv("SKASSOC_STL10_DIR", raising=False)
     monkeypatch.setenv("SCIKIT_LEARN_DATA", str(tmp_path / "sklearn_data"))
 
 
@@ -550,3 +557,198 @@ def test_semi_supervised_errors():
             make_semi_supervised_labels(y, bad)
     with pytest.raises(ValueError, match="must be 1-D"):
         make_semi_supervised_labels(y.reshape(2, 3), 1)
+
+
+# --------------------------------------------------------------------------
+# load_stl10 on small synthetic binary files
+
+STL10_NAMES = [
+    "airplane", "bird", "car", "cat", "deer",
+    "dog", "horse", "monkey", "ship", "truck",
+]  # fmt: skip
+
+
+def write_stl10(folder, subset="train", n=7, seed=0, labels=None, class_names=None):
+    """Write STL-10 files of ``n`` random images; return them as (n, 3, 96, 96).
+
+    The images are returned indexed ``[image, channel, row, column]`` and
+    written as the official files store them: every channel column by column.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.RandomState(seed)
+    images = rng.randint(0, 256, size=(n, 3, 96, 96)).astype(np.uint8)
+    images.swapaxes(2, 3).tofile(folder / f"{subset}_X.bin")
+    if subset != "unlabeled":
+        if labels is None:
+            labels = np.arange(n) % 10 + 1
+        np.asarray(labels, dtype=np.uint8).tofile(folder / f"{subset}_y.bin")
+    if class_names is not None:
+        (folder / "class_names.txt").write_text("\n".join(class_names) + "\n")
+    return images
+
+
+def test_load_stl10_column_major_pixels(tmp_path):
+    # One bright pixel per image at a known place of the file: the files store
+    # image i, channel k, column c, row r at byte i*27648 + k*9216 + c*96 + r.
+    spots = [(0, 0, 0, 1), (1, 2, 5, 90), (2, 1, 95, 3), (3, 0, 40, 41)]
+    raw = np.zeros(len(spots) * 3 * 96 * 96, dtype=np.uint8)
+    for value, (i, k, r, c) in enumerate(spots, start=1):
+        raw[i * 27648 + k * 9216 + c * 96 + r] = value
+    raw.tofile(tmp_path / "test_X.bin")
+    np.arange(1, len(spots) + 1, dtype=np.uint8).tofile(tmp_path / "test_y.bin")
+    for mmap in (False, True):
+        data, _ = load_stl10("test", data_home=tmp_path, return_X_y=True, mmap=mmap)
+        assert data.shape == (len(spots), 3, 96, 96)
+        for value, (i, k, r, c) in enumerate(spots, start=1):
+            assert data[i, k, r, c] == value
+            assert data[i].sum() == value  # and nowhere else
+
+
+def test_load_stl10_train(tmp_path):
+    images = write_stl10(tmp_path, "train", n=7)
+    bunch = load_stl10(data_home=tmp_path)
+    assert bunch.data.shape == (7, 3, 96, 96)
+    assert bunch.data.dtype == np.uint8
+    assert bunch.data.flags.c_contiguous
+    assert not isinstance(bunch.data, np.memmap)
+    np.testing.assert_array_equal(bunch.data, images)
+    # Labels 1-10 of the files become 0-9.
+    assert bunch.target.dtype == np.int64
+    assert bunch.target.tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert bunch.target_names == STL10_NAMES
+    assert bunch.data_home == str(tmp_path)
+    assert "STL-10" in bunch.DESCR
+
+
+def test_load_stl10_test_return_X_y(tmp_path):
+    images = write_stl10(tmp_path, "test", n=12, seed=1)
+    X, y = load_stl10("test", data_home=tmp_path, return_X_y=True)
+    np.testing.assert_array_equal(X, images)
+    assert y.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
+
+
+@pytest.mark.parametrize("mmap", ["auto", True])
+def test_load_stl10_unlabeled_memmap(tmp_path, mmap):
+    images = write_stl10(tmp_path, "unlabeled", n=5, seed=2)
+    bunch = load_stl10("unlabeled", data_home=tmp_path, mmap=mmap)
+    data = bunch.data
+    # A read-only view of a memory map of the file, not a copy in memory.
+    assert isinstance(data, np.memmap)
+    assert data.shape == (5, 3, 96, 96)
+    assert data.dtype == np.uint8
+    assert not data.flags.writeable
+    assert not data.flags.owndata
+    np.testing.assert_array_equal(data, images)
+    with pytest.raises(ValueError, match="read-only"):
+        data[0, 0, 0, 0] = 1
+    assert bunch.target.dtype == np.int64
+    assert bunch.target.tolist() == [-1] * 5
+    assert bunch.target_names == STL10_NAMES
+
+
+def test_load_stl10_mmap_options(tmp_path):
+    images = write_stl10(tmp_path, "unlabeled", n=3)
+    data, target = load_stl10(
+        "unlabeled", data_home=tmp_path, return_X_y=True, mmap=False
+    )
+    assert not isinstance(data, np.memmap)
+    assert data.flags.c_contiguous and data.flags.writeable
+    np.testing.assert_array_equal(data, images)
+    assert target.tolist() == [-1, -1, -1]
+
+    images = write_stl10(tmp_path, "train", n=3)
+    data, _ = load_stl10("train", data_home=tmp_path, return_X_y=True, mmap=True)
+    assert isinstance(data, np.memmap)
+    np.testing.assert_array_equal(data, images)
+    for bad in ("yes", None, 1):
+        with pytest.raises(ValueError, match="mmap must be 'auto', True or False"):
+            load_stl10("train", data_home=tmp_path, mmap=bad)
+
+
+def test_load_stl10_class_names_file(tmp_path):
+    names = [f"class {i}" for i in range(10)]
+    write_stl10(tmp_path, "test", n=3, class_names=names)
+    assert load_stl10("test", data_home=tmp_path).target_names == names
+
+    write_stl10(tmp_path, "test", n=3, class_names=names[:9])
+    with pytest.raises(ValueError, match="expected 10 non-empty lines, got 9"):
+        load_stl10("test", data_home=tmp_path)
+
+
+def test_load_stl10_stl10_binary_subfolder(tmp_path):
+    # The archive extracts to stl10_binary/: its parent folder is accepted too.
+    images = write_stl10(tmp_path / "stl10_binary", "train", n=4)
+    bunch = load_stl10("train", data_home=tmp_path)
+    np.testing.assert_array_equal(bunch.data, images)
+    assert bunch.data_home == str(tmp_path / "stl10_binary")
+    bunch = load_stl10("train", data_home=tmp_path / "stl10_binary")
+    assert bunch.data_home == str(tmp_path / "stl10_binary")
+
+
+@pytest.mark.parametrize("subset", ["train", "test", "unlabeled"])
+def test_load_stl10_env_var(tmp_path, no_env, monkeypatch, subset):
+    images = write_stl10(tmp_path / "stl", subset, n=3)
+    monkeypatch.setenv("SKASSOC_STL10_DIR", str(tmp_path / "stl"))
+    data, target = load_stl10(subset, return_X_y=True)
+    np.testing.assert_array_equal(data, images)
+    expected = [-1, -1, -1] if subset == "unlabeled" else [0, 1, 2]
+    assert target.tolist() == expected
+
+
+def test_load_stl10_data_home_beats_env_var(tmp_path, no_env, monkeypatch):
+    write_stl10(tmp_path, "test", n=2)
+    monkeypatch.setenv("SKASSOC_STL10_DIR", str(tmp_path / "elsewhere"))
+    assert load_stl10("test", data_home=tmp_path).data_home == str(tmp_path)
+
+
+def test_load_stl10_missing(no_env, tmp_path):
+    with pytest.raises(FileNotFoundError) as excinfo:
+        load_stl10("unlabeled")
+    message = str(excinfo.value)
+    assert "unlabeled_X.bin" in message
+    assert repr(os.path.join(tmp_path / "sklearn_data", "stl10")) in message
+    assert "stl10_binary" in message
+    assert "https://cs.stanford.edu/~acoates/stl10/" in message
+    assert "SKASSOC_STL10_DIR" in message
+
+
+def test_load_stl10_missing_labels(tmp_path):
+    write_stl10(tmp_path, "train", n=2)
+    (tmp_path / "train_y.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="'train_y.bin' was not found"):
+        load_stl10("train", data_home=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"", r"size \(0 bytes\) is not a positive multiple of 3\*96\*96"),
+        (b"\x00" * (27648 + 5), r"size \(27653 bytes\) is not a positive multiple"),
+    ],
+)
+@pytest.mark.parametrize("mmap", [False, True])
+def test_load_stl10_bad_image_file_size(tmp_path, content, match, mmap):
+    (tmp_path / "unlabeled_X.bin").write_bytes(content)
+    with pytest.raises(ValueError, match=match) as excinfo:
+        load_stl10("unlabeled", data_home=tmp_path, mmap=mmap)
+    assert "unlabeled_X.bin" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        ([1, 2], "holds 3 images but .* holds 2 labels"),
+        ([1, 2, 3, 4], "holds 3 images but .* holds 4 labels"),
+        ([0, 1, 2], "expected values 1-10, got values from 0 to 2"),
+        ([1, 11, 2], "expected values 1-10, got values from 1 to 11"),
+    ],
+)
+def test_load_stl10_bad_labels(tmp_path, labels, match):
+    write_stl10(tmp_path, "train", n=3, labels=labels)
+    with pytest.raises(ValueError, match=match):
+        load_stl10("train", data_home=tmp_path)
+
+
+def test_load_stl10_invalid_subset(tmp_path):
+    with pytest.raises(ValueError, match="subset must be one of"):
+        load_stl10("extra", data_home=tmp_path)

@@ -2,12 +2,25 @@
 
 The loaders read the data sets used in "Learning by Association" (Haeusser
 et al., 2017) from local files: :func:`load_mnist` (which can also download
-its files) and :func:`load_svhn`. :func:`make_semi_supervised_labels` hides
-all but a few labels per class.
+its files), :func:`load_svhn` and :func:`load_stl10` (which memory-maps the
+100,000 unlabeled STL-10 images instead of reading them into memory).
+:func:`make_semi_supervised_labels` hides all but a few labels per class.
+For domain-adaptation experiments, :func:`make_synthetic_digits` generates
+printed digits like "Synthetic Digits", and :func:`make_mnist_m_like` blends
+grey digits with colour textures as MNIST-M does.
 """
 
+from ._generators import make_mnist_m_like, make_synthetic_digits
 from ._labels import make_semi_supervised_labels
 from ._mnist import load_mnist
+from ._stl10 import load_stl10
 from ._svhn import load_svhn
 
-__all__ = ["load_mnist", "load_svhn", "make_semi_supervised_labels"]
+__all__ = [
+    "load_mnist",
+    "load_stl10",
+    "load_svhn",
+    "make_mnist_m_like",
+    "make_semi_supervised_labels",
+    "make_synthetic_digits",
+]
