@@ -15,10 +15,12 @@ from sklearn.base import (
     _fit_context,
 )
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import Interval, Options, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._augmentation import resolve_augmentation
+from ._batches import DeviceBatches, HostBatches
+from ._image_format import ImageFormat, check_image_size, formatted_shape
 from ._networks import (
     AssociationModel,
     auto_network_name,
@@ -44,6 +46,7 @@ from ._validation import (
     resolve_image_shape,
     split_sample_shape,
     to_model_layout,
+    user_stacklevel,
 )
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
@@ -89,6 +92,16 @@ class SemiSupervisedAssociationClassifier(
         ``(channels, height, width)`` or ``(height, width)`` of one image when
         ``X`` holds images as flat rows. Leave None for feature vectors, or
         when ``X`` is already ``(n, h, w)`` or ``(n, c, h, w)``.
+    image_size : int or tuple of (int, int), default=None
+        Resize images to this ``(height, width)`` (bilinear, antialiased) on
+        the training device before the network, in ``fit`` and in
+        ``predict``; the inputs keep their own size in memory. Lets data of
+        another size use a built-in network (28x28 MNIST digits in the
+        32x32 SVHN network, say) and chooses the network of ``"auto"``.
+    image_channels : {1, 3}, default=None
+        Convert images to grey (1) or colour (3) before the network, like
+        ``image_size``: grey is repeated into three channels, colour becomes
+        its luma. None keeps the input's channels.
     embedding_dim : int, default=128
         Width of the embedding of the built-in networks (and of
         :meth:`transform`'s output).
@@ -228,6 +241,8 @@ class SemiSupervisedAssociationClassifier(
             torch.nn.Module,
         ],
         "input_shape": [tuple, list, None],
+        "image_size": [Interval(Integral, 1, None, closed="left"), tuple, list, None],
+        "image_channels": [Options(Integral, {1, 3}), None],
         "embedding_dim": [Interval(Integral, 1, None, closed="left")],
         "hidden_layer_sizes": [tuple, list],
         "labeled_per_class": [Interval(Integral, 1, None, closed="left")],
@@ -264,6 +279,8 @@ class SemiSupervisedAssociationClassifier(
         network="auto",
         *,
         input_shape=None,
+        image_size=None,
+        image_channels=None,
         embedding_dim=128,
         hidden_layer_sizes=(256, 256),
         labeled_per_class=10,
@@ -290,6 +307,8 @@ class SemiSupervisedAssociationClassifier(
     ):
         self.network = network
         self.input_shape = input_shape
+        self.image_size = image_size
+        self.image_channels = image_channels
         self.embedding_dim = embedding_dim
         self.hidden_layer_sizes = hidden_layer_sizes
         self.labeled_per_class = labeled_per_class
@@ -352,6 +371,22 @@ class SemiSupervisedAssociationClassifier(
         rows, sample_shape = split_sample_shape(X)
         rows, y = validate_data(self, rows, y, dtype="numeric", y_numeric=False)
         image_shape = resolve_image_shape(sample_shape, self.input_shape, rows.shape[1])
+        image_size = check_image_size(self.image_size)
+        if image_shape is None and (
+            image_size is not None or self.image_channels is not None
+        ):
+            raise ValueError(
+                "image_size and image_channels need image inputs; pass X as "
+                "(n, h, w) or (n, c, h, w) images, or set input_shape for flat "
+                "rows."
+            )
+        if image_shape is not None and self.image_channels is not None:
+            if image_shape[0] not in (1, 3):
+                raise ValueError(
+                    f"image_channels={self.image_channels} converts between grey "
+                    f"(1 channel) and colour (3); the images have {image_shape[0]} "
+                    "channels. Leave image_channels=None for them."
+                )
         if warm and (rows.shape[1], image_shape) != previous_inputs:
             raise ValueError(
                 "warm_start=True needs inputs shaped like those of the previous "
@@ -390,13 +425,12 @@ class SemiSupervisedAssociationClassifier(
                     data, image_shape, len(classes), device
                 )
             embedding_dim = model.logits.in_features
-            tensor = as_tensor(data).to(device)
-            sampler = self._make_sampler(encoded, device)
+            batches = self._make_batches(data, encoded, device, _is_memory_map(X))
             config = self._training_config(
                 max_iter, precision, model, augmentation, images=data.ndim == 4
             )
             with precision_context(device, precision):
-                result = train(model, tensor, sampler, config, device)
+                result = train(model, batches, config, device)
 
         self.model_ = model
         self.classes_ = classes
@@ -411,7 +445,7 @@ class SemiSupervisedAssociationClassifier(
                 f"Training was interrupted after {result.n_iter} of {max_iter} "
                 "steps; the model keeps the weights of the last completed step.",
                 UserWarning,
-                stacklevel=4,  # _fit, fit, scikit-learn's fit wrapper, caller
+                stacklevel=user_stacklevel(),
             )
         return self
 
@@ -458,37 +492,53 @@ class SemiSupervisedAssociationClassifier(
         # bf16 arithmetic; elsewhere they are emulated and slower.
         return "bf16" if images and cpu_has_native_bf16() else "fp32"
 
+    def _input_format(self, image_shape):
+        """The conversion in front of the network, and the shape it outputs."""
+        if image_shape is None:
+            return None, None
+        size = check_image_size(self.image_size)
+        if size is None and self.image_channels is None:
+            return None, image_shape
+        return (
+            ImageFormat(size, self.image_channels),
+            formatted_shape(image_shape, size, self.image_channels),
+        )
+
     def _build_model(self, data, image_shape, n_classes, device):
         """The embedding network plus logit layer, initialised from torch's seed."""
+        input_format, network_shape = self._input_format(image_shape)
         if isinstance(self.network, torch.nn.Module):
             embedder = copy.deepcopy(self.network)
             name = "custom"
         else:
             name = self.network
             if name == "auto":
-                name = auto_network_name(image_shape)
+                name = auto_network_name(network_shape)
             embedder = build_network(
                 name,
-                image_shape,
+                network_shape,
                 math.prod(data.shape[1:]),
                 self.embedding_dim,
                 self.hidden_layer_sizes,
             )
             if name == "mlp":
-                embedder.fit_normalization(as_tensor(data).flatten(1))
+                embedder.fit_normalization(data)
         # A custom module may already live on a GPU: probe it on the device.
         embedder = embedder.to(device)
-        embedding_dim = self._probe_embedding_dim(embedder, data, device)
-        model = AssociationModel(embedder, embedding_dim, n_classes)
+        sample = as_tensor(data[:2]).to(device).float()
+        if input_format is not None:
+            sample = input_format(sample)
+        embedding_dim = self._probe_embedding_dim(embedder, sample)
+        model = AssociationModel(embedder, embedding_dim, n_classes, input_format)
         return place_model(model, device, images=data.ndim == 4), name
 
     @staticmethod
-    def _probe_embedding_dim(embedder, data, device):
+    def _probe_embedding_dim(embedder, sample):
         """Run two samples through the embedder and check its output shape."""
         with torch.no_grad():
             was_training = embedder.training
             embedder.eval()
-            out = embedder(as_tensor(data[:2]).to(device).float())
+            out = embedder(sample)
             embedder.train(was_training)
         if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out)
@@ -499,7 +549,13 @@ class SemiSupervisedAssociationClassifier(
             )
         return int(out.shape[1])
 
-    def _make_sampler(self, encoded, device):
+    def _make_batches(self, data, encoded, device, on_host):
+        """What draws and gathers each step's batch (see ``_batches``).
+
+        Inputs given as a memory map stay where they are and every batch is
+        gathered from them on the host; all other inputs are copied to the
+        training device once.
+        """
         labeled = encoded != UNLABELED
         class_indices = [
             torch.as_tensor(np.flatnonzero(encoded == k))
@@ -510,13 +566,23 @@ class SemiSupervisedAssociationClassifier(
         pool = (
             np.flatnonzero(~labeled) if not labeled.all() else np.arange(len(encoded))
         )
-        return AssociationBatchSampler(
+        if on_host:
+            return HostBatches(
+                data,
+                class_indices,
+                torch.as_tensor(pool),
+                self.labeled_per_class,
+                self.unlabeled_batch_size,
+                device,
+            )
+        sampler = AssociationBatchSampler(
             class_indices,
             torch.as_tensor(pool),
             self.labeled_per_class,
             self.unlabeled_batch_size,
             device,
         )
+        return DeviceBatches(as_tensor(data).to(device), sampler)
 
     # ------------------------------------------------------------ inference
 
@@ -543,9 +609,8 @@ class SemiSupervisedAssociationClassifier(
             for start in range(0, data.shape[0], batch_size):
                 batch = as_tensor(data[start : start + batch_size])
                 batch = batch.to(device, non_blocking=True).float()
-                batch = batch.contiguous(memory_format=memory_format)
                 with autocast_context(device, precision):
-                    embeddings = self.model_.embedder(batch)
+                    embeddings = self.model_.embed(batch, memory_format)
                     if output == "embedding":
                         result = embeddings
                     else:
@@ -684,3 +749,12 @@ class SemiSupervisedAssociationClassifier(
         # The network computes in float32 whatever the input dtype.
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
+
+
+def _is_memory_map(X):
+    """Whether ``X`` is (a view of) a :class:`numpy.memmap`."""
+    while X is not None:
+        if isinstance(X, np.memmap):
+            return True
+        X = getattr(X, "base", None)
+    return False

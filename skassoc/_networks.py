@@ -9,6 +9,8 @@ logit layer on top of any embedding network.
 import torch
 from torch import nn
 
+from ._validation import as_tensor
+
 __all__ = [
     "MNISTNet",
     "SVHNNet",
@@ -225,12 +227,29 @@ class MLPNet(nn.Module):
 
     @torch.no_grad()
     def fit_normalization(self, x):
-        """Learn the standardisation from training inputs ``x`` (n, n_features)."""
-        x = x.double()
-        self.mean.copy_(x.mean(dim=0))
-        std = x.std(dim=0, unbiased=False)
+        """Learn the standardisation from training inputs ``x`` (n, n_features).
+
+        ``x`` (an array or tensor) is read a few MiB at a time, in float64, so
+        a memory-mapped ``x`` is never loaded whole.
+        """
+        n = x.shape[0]
+        chunk_size = max(1, 2**18 // self.mean.shape[0])
+        total = torch.zeros(self.mean.shape, dtype=torch.float64)
+        for start in range(0, n, chunk_size):
+            total += self._rows(x, start, chunk_size).sum(dim=0)
+        mean = total / n
+        # A second pass around the mean: exact, unlike sum(x**2) - n mean**2.
+        squares = torch.zeros_like(total)
+        for start in range(0, n, chunk_size):
+            squares += ((self._rows(x, start, chunk_size) - mean) ** 2).sum(dim=0)
+        self.mean.copy_(mean)
+        std = (squares / n).sqrt()
         # Constant features would divide by zero; leave them unscaled.
         self.scale.copy_(torch.where(std > 0, std, torch.ones_like(std)))
+
+    @staticmethod
+    def _rows(x, start, chunk_size):
+        return as_tensor(x[start : start + chunk_size]).flatten(1).double()
 
     def forward(self, x):
         return self.layers((x.flatten(1) - self.mean) / self.scale)
@@ -280,16 +299,33 @@ class AssociationModel(nn.Module):
         Width of the embedding.
     n_classes : int
         Number of classes of the logit layer.
+    input_format : torch.nn.Module, default=None
+        Parameter-free conversion of raw inputs before the embedder (e.g. an
+        :class:`~skassoc._image_format.ImageFormat`); None passes them as
+        they are.
     """
 
-    def __init__(self, embedder, embedding_dim, n_classes):
+    def __init__(self, embedder, embedding_dim, n_classes, input_format=None):
         super().__init__()
+        # Parameter-free, so the weights (state_dict) are the same with it or
+        # without it.
+        self.input_format = input_format if input_format is not None else nn.Identity()
         self.embedder = embedder
         self.logits = xavier_init_(nn.Linear(embedding_dim, n_classes))
 
+    def embed(self, x, memory_format=torch.contiguous_format):
+        """Embeddings of a float batch of raw inputs.
+
+        The batch is first brought to the network's input format (see
+        :class:`~skassoc._image_format.ImageFormat`), then to
+        ``memory_format`` (channels-last image batches convolve faster).
+        """
+        x = self.input_format(x).contiguous(memory_format=memory_format)
+        return self.embedder(x)
+
     def forward(self, x):
         """Return ``(embeddings, logits)`` for a batch of raw inputs."""
-        embeddings = self.embedder(x)
+        embeddings = self.embed(x)
         return embeddings, self.logits(embeddings)
 
 

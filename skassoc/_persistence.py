@@ -421,8 +421,18 @@ def _rebuild(metadata, weights, device):
             f"its parameters do not fit this skassoc ({exc}); it was written "
             f"by skassoc {metadata.get('skassoc_version', '?')}."
         ) from None
+    try:
+        input_format, network_shape = estimator._input_format(input_shape)
+    except ValueError as exc:
+        raise _InvalidModelFile(f"bad image_size ({exc}).") from None
     model = _build_model(
-        network, input_shape, n_features, embedding_dim, hidden, classes
+        network,
+        network_shape,
+        n_features,
+        embedding_dim,
+        hidden,
+        classes,
+        input_format,
     )
     _load_weights(model, weights)
     model.eval()
@@ -446,7 +456,9 @@ def _rebuild(metadata, weights, device):
     return estimator
 
 
-def _build_model(network, input_shape, n_features, embedding_dim, hidden, classes):
+def _build_model(
+    network, input_shape, n_features, embedding_dim, hidden, classes, input_format
+):
     # Building a network draws random initial weights, which the saved ones
     # replace at once; fork the RNG so loading leaves the caller's torch
     # random stream as it was.
@@ -455,7 +467,7 @@ def _build_model(network, input_shape, n_features, embedding_dim, hidden, classe
             embedder = build_network(
                 network, input_shape, n_features, embedding_dim, tuple(hidden)
             )
-            return AssociationModel(embedder, embedding_dim, len(classes))
+            return AssociationModel(embedder, embedding_dim, len(classes), input_format)
     except (ValueError, RuntimeError, TypeError) as exc:
         # Metadata that passed the checks above but describes no buildable
         # network (e.g. an image smaller than the network needs).

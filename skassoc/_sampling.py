@@ -9,6 +9,8 @@ import warnings
 
 import torch
 
+from ._validation import user_stacklevel
+
 __all__ = ["AssociationBatchSampler"]
 
 
@@ -58,7 +60,7 @@ class AssociationBatchSampler:
                 "their samples are drawn with replacement. Lower labeled_per_class "
                 "to silence this.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         n_classes = len(class_indices)
         width = int(counts.max())

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
 from ._augmentation import ImageAugmentation
@@ -54,6 +55,7 @@ class TrainingConfig:
     verbose: int
     augmentation: dict | None = None
     ema_decay: float | None = None
+    embedding_chunk_size: int | None = 4096
 
 
 @dataclass
@@ -109,19 +111,20 @@ def precision_context(device, precision):
 
 
 class _AssociationStep:
-    """One training step on device-resident data; safe to capture as a graph."""
+    """One training step on device-resident tensors; safe to capture as a graph.
 
-    def __init__(self, model, data, sampler, optimizer, config, device):
+    The host may need to stage the batch first: call :meth:`prefetch` before
+    every step (outside a captured graph).
+    """
+
+    def __init__(self, model, batches, optimizer, config, device):
         self.model = model
-        self.data = data
-        self.sampler = sampler
+        self.batches = batches
         self.optimizer = optimizer
         self.config = config
         self.device = device
         self.memory_format = (
-            torch.channels_last
-            if config.channels_last and data.ndim == 4
-            else torch.contiguous_format
+            torch.channels_last if config.channels_last else torch.contiguous_format
         )
         self.augment = (
             ImageAugmentation(**config.augmentation).to(device)
@@ -129,6 +132,11 @@ class _AssociationStep:
             else None
         )
         self.params = list(model.parameters())
+        has_batch_norm = any(
+            isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            for module in model.modules()
+        )
+        self.chunk_size = None if has_batch_norm else config.embedding_chunk_size
         # An exponential moving average of the weights, updated inside the
         # step (so inside the CUDA graph); the model takes it at the end.
         self.ema_params = (
@@ -141,6 +149,39 @@ class _AssociationStep:
         self.step_count = torch.zeros((), device=device)
         self.loss_sum = torch.zeros(len(LOSS_NAMES), device=device)
         self.first_nonfinite_step = torch.full((), -1.0, device=device)
+
+    def prefetch(self):
+        """Host work that must precede the next step (see ``_batches``)."""
+        self.batches.prefetch()
+
+    def embed(self, batch):
+        """Embeddings of the batch; a large batch is embedded chunk by chunk.
+
+        Above ``config.embedding_chunk_size`` samples, each chunk's
+        activations are dropped after its forward pass and recomputed in the
+        backward pass (activation checkpointing): an unlabeled batch of tens
+        of thousands of images then needs the activation memory of one
+        chunk, for about a third more compute. Networks with batch norm are
+        never chunked: their statistics would change with the chunking.
+        """
+        chunk = self.chunk_size
+        if chunk is None or batch.shape[0] <= chunk:
+            return self.model.embed(batch, self.memory_format)
+        return torch.cat(
+            [
+                # The network draws no random numbers (augmentation happened
+                # before), so no RNG state needs saving; that also keeps the
+                # step capturable as a CUDA graph.
+                checkpoint(
+                    self.model.embed,
+                    part,
+                    self.memory_format,
+                    use_reentrant=False,
+                    preserve_rng_state=False,
+                )
+                for part in batch.split(chunk)
+            ]
+        )
 
     def association_scale(self):
         """Multiplier of the walker and visit losses: delayed, then ramped."""
@@ -160,15 +201,13 @@ class _AssociationStep:
 
     def __call__(self):
         config = self.config
-        labeled, unlabeled = self.sampler.sample()
-        labels = self.sampler.labels
-        batch = self.data[torch.cat([labeled, unlabeled])].float()
+        labels = self.batches.labels
+        n_labeled = labels.shape[0]
+        batch = self.batches.batch()
         if self.augment is not None:
             batch = self.augment(batch)
-        batch = batch.contiguous(memory_format=self.memory_format)
         with autocast_context(self.device, config.precision):
-            embeddings = self.model.embedder(batch)
-            n_labeled = labeled.shape[0]
+            embeddings = self.embed(batch)
             logits = self.model.logits(embeddings[:n_labeled])
         p_ab, _, p_aba = association_matrices(
             embeddings[:n_labeled], embeddings[n_labeled:]
@@ -250,28 +289,28 @@ def _capture(step, scheduler, n_warmup):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(n_warmup):
+            step.prefetch()
             step()
             scheduler.step()
     torch.cuda.current_stream().wait_stream(side)
     step.optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # "thread_local": fits running in other threads (GridSearchCV with the
+    # threading backend) may use CUDA while this thread captures.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         step()
     return graph
 
 
-def train(model, data, sampler, config, device):
+def train(model, batches, config, device):
     """Train ``model`` in place with the association losses.
 
     Parameters
     ----------
     model : AssociationModel
         The network, already on ``device``.
-    data : torch.Tensor
-        All training inputs on ``device`` (uint8 or float32), indexed by the
-        sampler's indices.
-    sampler : AssociationBatchSampler
-        Draws the labeled and unlabeled batches.
+    batches : DeviceBatches or HostBatches
+        Draws and gathers the labeled and unlabeled batches (``_batches``).
     config : TrainingConfig
         The run's hyperparameters.
     device : torch.device
@@ -289,6 +328,33 @@ def train(model, data, sampler, config, device):
         If a loss becomes NaN or infinite; the model is then in an undefined
         state and the caller must discard it.
     """
+    with _own_stream(device):
+        return _train(model, batches, config, device)
+
+
+@contextlib.contextmanager
+def _own_stream(device):
+    """Run a fit on a CUDA stream of its own.
+
+    Fits in several threads of one process (``GridSearchCV`` under joblib's
+    threading backend) then run side by side on the GPU; on the default
+    stream they would wait for each other. Separate processes gain nothing
+    this way: the GPU time-slices between them.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    caller = torch.cuda.current_stream(device)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(caller)
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        caller.wait_stream(stream)
+
+
+def _train(model, batches, config, device):
     model.train()
     use_graph = config.cuda_graph and device.type == "cuda"
     optimizer = _make_optimizer(model, config, device, capturable=use_graph)
@@ -296,7 +362,7 @@ def train(model, data, sampler, config, device):
     scheduler = torch.optim.lr_scheduler.StepLR(
         optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
     )
-    step = _AssociationStep(model, data, sampler, optimizer, config, device)
+    step = _AssociationStep(model, batches, optimizer, config, device)
     history = {"step": [], "learning_rate": [], **{name: [] for name in LOSS_NAMES}}
     result = TrainingResult(n_iter=0, history=history)
     progress = tqdm(
@@ -340,6 +406,7 @@ def train(model, data, sampler, config, device):
             _keep_lr_tensor(optimizer, lr_tensors)
             completed = n_warmup
         while completed < config.max_iter:
+            step.prefetch()
             if graph is not None:
                 graph.replay()
             else:

@@ -1,6 +1,8 @@
 """Checks and conversions of user inputs: samples, image shapes, labels, device."""
 
+import inspect
 import math
+import os
 import warnings
 
 import numpy as np
@@ -226,3 +228,27 @@ def resolve_device(device):
     elif resolved.type != "cpu":
         raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
     return resolved
+
+
+def user_stacklevel():
+    """The ``stacklevel`` that points a warning at the first caller outside skassoc.
+
+    For warnings raised deep inside ``fit``: how deep depends on the code
+    path (and on scikit-learn's wrappers), so count the frames instead.
+    """
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    sklearn_base = os.path.join("sklearn", "base.py")
+    frame = inspect.currentframe()
+    level = 0
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        ours = filename.startswith(package)
+        # scikit-learn's decorator around fit (_fit_context) is not the caller.
+        fit_wrapper = filename.endswith(sklearn_base) and frame.f_code.co_name == (
+            "wrapper"
+        )
+        if not (ours or fit_wrapper):
+            break
+        frame = frame.f_back
+        level += 1
+    return max(level, 1)

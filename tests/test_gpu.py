@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 
+import joblib
 import numpy as np
 import pytest
 import torch
@@ -113,3 +114,38 @@ def test_large_unlabeled_batch_fits_in_memory(digit_images):
     X, _, y_semi = digit_images
     clf = fit(X, y_semi, unlabeled_batch_size=20_000, max_iter=5)
     assert clf.n_iter_ == 5
+
+
+def test_grid_search_in_threads_shares_one_gpu(digit_images):
+    """Threads fit on streams of their own (and capture graphs side by side)."""
+    X, y, _ = digit_images
+    grid = {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]}
+    estimator = SemiSupervisedAssociationClassifier(
+        max_iter=200, device="cuda", random_state=0, precision="fp32"
+    )
+    with joblib.parallel_backend("threading", n_jobs=4):
+        threaded = GridSearchCV(estimator, grid, cv=2).fit(X, y)
+    serial = GridSearchCV(estimator, grid, cv=2, n_jobs=1).fit(X, y)
+    np.testing.assert_allclose(
+        threaded.cv_results_["mean_test_score"],
+        serial.cv_results_["mean_test_score"],
+        atol=0.05,
+    )
+    assert threaded.best_score_ > 0.7
+
+
+def test_memory_mapped_pool_feeds_the_graph(digit_images, tmp_path):
+    X, y, y_semi = digit_images
+    np.save(tmp_path / "X.npy", X)
+    mapped = np.load(tmp_path / "X.npy", mmap_mode="r")
+    from_disk = fit(mapped, y_semi, precision="fp32")
+    in_memory = fit(X, y_semi, precision="fp32")
+    assert abs(from_disk.score(X, y) - in_memory.score(X, y)) < 0.05
+    assert from_disk.score(X, y) > 0.8
+
+
+def test_image_format_on_the_gpu(digit_images):
+    X, y, y_semi = digit_images
+    clf = fit(X, y_semi, image_size=32, image_channels=3)
+    assert clf.network_ == "svhn"
+    assert clf.score(X, y) > 0.7

@@ -1,0 +1,369 @@
+"""Scaling out and up: parallel search, large unlabeled batches, memmap pools.
+
+Three measurements on MNIST with the paper's recipe (100 labels), each a
+section of its own (``--sections``):
+
+``search``
+    ``GridSearchCV`` over 8 candidates (``visit_weight`` x ``walker_weight``
+    x ``learning_rate``, 2 x 2 x 2) with one fixed split (the 60,000 training
+    images with 100 labels to fit, the 10,000 test images to score), each
+    fit ``--search-steps`` steps: one after another (``n_jobs=1``), then all
+    at once in threads of one process (``joblib.parallel_backend("threading",
+    n_jobs=8)``); each fit runs on a CUDA stream of its own, so the GPU runs
+    the candidates' steps side by side. ``--search-modes`` adds
+    ``processes`` (joblib's default loky backend), where the GPU time-slices
+    between processes. Wall time of ``search.fit`` and the speed-up.
+``batch``
+    Unlabeled batches of ``--unlabeled-sizes`` images (100 labeled): the
+    milliseconds per step of a fit of ``--batch-steps`` steps (fit overhead
+    removed by subtracting a fit of 3 steps) and the peak GPU memory of the
+    fit (``torch.cuda.max_memory_allocated``). Above 4,096 images a batch is
+    embedded in chunks with activation checkpointing.
+``memmap``
+    An unlabeled pool of ``--pool-size`` images (MNIST's training images
+    repeated, each copy shifted by a pixel or two so no two rows are equal)
+    written to a ``numpy.memmap`` on disk, plus the 100 labeled images.
+    ``fit`` gathers each batch from the file on the host; the pool is never
+    copied whole into memory or onto the GPU. Reported: file size, ms per
+    step against the same number of steps on the 60,000 training images held
+    on the device, the process's peak private memory (``RssAnon``, sampled
+    every 5 ms) above what it was before the fit, its peak resident set
+    (``VmHWM``, which also counts the file's cached pages mapped in), and
+    peak GPU memory.
+
+Run on a GPU (about 3 minutes)::
+
+    python benchmarks/bench_scale.py --device cuda
+
+and a short CPU run::
+
+    python benchmarks/bench_scale.py --device cpu --sections memmap \\
+        --memmap-steps 20 --pool-size 200000
+
+Results go to ``--json`` (default ``benchmarks/results/scale_<device>.json``).
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import joblib
+import numpy as np
+import torch
+from _common import (
+    REPO_ROOT,
+    default_data_home,
+    environment,
+    resolve_device,
+    text_table,
+    write_json,
+)
+from sklearn.model_selection import GridSearchCV
+
+# Benchmark the checkout this script belongs to, installed or not.
+sys.path.insert(0, str(REPO_ROOT))
+
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
+from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
+
+SEARCH_GRID = {
+    "visit_weight": [0.5, 1.0],
+    "walker_weight": [0.5, 1.0],
+    "learning_rate": [1e-3, 2e-3],
+}
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def recipe(max_iter, device, **overrides):
+    params = recipe_params("paper")
+    params.update(
+        max_iter=max_iter,
+        lr_decay_steps=max(1, max_iter // 4),
+        device=str(device),
+        random_state=0,
+    )
+    params.update(overrides)
+    return params
+
+
+def timed_fit(X, y, params, device):
+    clf = SemiSupervisedAssociationClassifier(**params)
+    synchronize(device)
+    start = time.perf_counter()
+    clf.fit(X, y)
+    synchronize(device)
+    return clf, time.perf_counter() - start
+
+
+# ------------------------------------------------------------------- search
+
+
+def run_search(data, args, device):
+    X_train, y_semi, X_test, y_test = data
+    X = np.concatenate([X_train, X_test])
+    y = np.concatenate([y_semi, y_test])
+    split = [(np.arange(len(X_train)), np.arange(len(X_train), len(X)))]
+    estimator = SemiSupervisedAssociationClassifier(**recipe(args.search_steps, device))
+    # Warm-up: CUDA context, cuDNN autotuning, allocator.
+    timed_fit(X_train, y_semi, recipe(50, device), device)
+    rows = []
+    for mode in args.search_modes:
+        search = GridSearchCV(estimator, SEARCH_GRID, cv=split, refit=False)
+        synchronize(device)
+        start = time.perf_counter()
+        if mode == "serial":
+            search.set_params(n_jobs=1).fit(X, y)
+        elif mode == "threads":
+            with joblib.parallel_backend("threading", n_jobs=8):
+                search.fit(X, y)
+        else:
+            search.set_params(n_jobs=8).fit(X, y)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+        scores = search.cv_results_["mean_test_score"]
+        rows.append(
+            {
+                "mode": mode,
+                "candidates": len(scores),
+                "steps_per_fit": args.search_steps,
+                "seconds": seconds,
+                "test_error_percent": [100 * (1 - s) for s in scores],
+            }
+        )
+        print(f"search {mode}: {seconds:.1f} s", flush=True)
+    serial = next((r["seconds"] for r in rows if r["mode"] == "serial"), None)
+    for row in rows:
+        row["speedup_vs_serial"] = serial / row["seconds"] if serial else None
+    print(
+        text_table(
+            ["Mode", "Candidates", "Steps each", "Wall s", "Speed-up"],
+            [
+                [
+                    r["mode"],
+                    r["candidates"],
+                    r["steps_per_fit"],
+                    f"{r['seconds']:.1f}",
+                    f"{r['speedup_vs_serial']:.2f}x" if serial else "n/a",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return rows
+
+
+# -------------------------------------------------------------------- batch
+
+
+def run_batch(data, args, device):
+    X_train, y_semi, _, _ = data
+    rows = []
+    for size in args.unlabeled_sizes:
+        for precision in args.precisions:
+            row = {"unlabeled_batch_size": size, "precision": precision}
+            try:
+                params = dict(unlabeled_batch_size=size, precision=precision)
+                _, short = timed_fit(
+                    X_train, y_semi, recipe(3, device, **params), device
+                )
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                _, seconds = timed_fit(
+                    X_train, y_semi, recipe(args.batch_steps, device, **params), device
+                )
+                row["ms_per_step"] = 1000 * (seconds - short) / (args.batch_steps - 3)
+                if device.type == "cuda":
+                    row["peak_gpu_mib"] = (
+                        torch.cuda.max_memory_allocated(device) / 2**20
+                    )
+                row["status"] = "ok"
+            except torch.cuda.OutOfMemoryError as exc:
+                row["status"] = f"out of memory: {str(exc)[:200]}"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(row, flush=True)
+    print(
+        text_table(
+            ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"],
+            [
+                [
+                    r["unlabeled_batch_size"],
+                    r["precision"],
+                    f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"],
+                    f"{r['peak_gpu_mib']:.0f}" if "peak_gpu_mib" in r else "n/a",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return rows
+
+
+# ------------------------------------------------------------------- memmap
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+class _PeakPrivateMemory:
+    """Samples RssAnon every 5 ms in a thread; the peak above the start."""
+
+    def __enter__(self):
+        self.start = _status_kib("RssAnon") or 0
+        self.peak = self.start
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self):
+        while not self._done.is_set():
+            self.peak = max(self.peak, _status_kib("RssAnon") or 0)
+            time.sleep(0.005)
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+    @property
+    def grown_mib(self):
+        return (self.peak - self.start) / 1024
+
+
+def write_pool(path, X_train, labeled_images, pool_size, seed):
+    """The labeled images, then ``pool_size`` shifted copies of the training images."""
+    rng = np.random.RandomState(seed)
+    n_labeled = len(labeled_images)
+    pool = np.lib.format.open_memmap(
+        path, mode="w+", dtype=np.uint8, shape=(n_labeled + pool_size, 28, 28)
+    )
+    pool[:n_labeled] = labeled_images
+    for start in range(0, pool_size, len(X_train)):
+        stop = min(start + len(X_train), pool_size)
+        shift = tuple(rng.randint(-2, 3, size=2))
+        pool[n_labeled + start : n_labeled + stop] = np.roll(
+            X_train[: stop - start], shift, axis=(1, 2)
+        )
+    pool.flush()
+    del pool
+    return np.load(path, mmap_mode="r")
+
+
+def run_memmap(data, args, device):
+    X_train, y_semi, X_test, y_test = data
+    labeled = y_semi != -1
+    folder = args.pool_dir or tempfile.mkdtemp(prefix="skassoc_pool_")
+    path = Path(folder) / "pool.npy"
+    start = time.perf_counter()
+    pool = write_pool(path, X_train, X_train[labeled], args.pool_size, args.seed)
+    write_seconds = time.perf_counter() - start
+    y_pool = np.full(len(pool), -1)
+    y_pool[: labeled.sum()] = y_semi[labeled]
+    params = recipe(args.memmap_steps, device)
+    timed_fit(X_train, y_semi, recipe(10, device), device)  # warm-up
+    _, in_memory_seconds = timed_fit(X_train, y_semi, params, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with _PeakPrivateMemory() as memory:
+        clf, seconds = timed_fit(pool, y_pool, params, device)
+    error = 100 * float(np.mean(clf.predict(X_test) != y_test))
+    row = {
+        "pool_images": int(len(pool)),
+        "file_mib": path.stat().st_size / 2**20,
+        "write_seconds": write_seconds,
+        "steps": args.memmap_steps,
+        "ms_per_step_memmap": 1000 * seconds / args.memmap_steps,
+        "ms_per_step_in_memory_60k": 1000 * in_memory_seconds / args.memmap_steps,
+        "peak_private_memory_growth_mib": memory.grown_mib,
+        "process_peak_rss_mib": (_status_kib("VmHWM") or 0) / 1024,
+        "test_error_percent": error,
+    }
+    if device.type == "cuda":
+        row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    del pool, clf
+    if not args.pool_dir:
+        path.unlink()
+        os.rmdir(folder)
+    print(row, flush=True)
+    print(
+        text_table(
+            ["Pool", "File MiB", "ms/step memmap", "ms/step in memory", "+private MiB"],
+            [
+                [
+                    row["pool_images"],
+                    f"{row['file_mib']:.0f}",
+                    f"{row['ms_per_step_memmap']:.2f}",
+                    f"{row['ms_per_step_in_memory_60k']:.2f}",
+                    f"{row['peak_private_memory_growth_mib']:.0f}",
+                ]
+            ],
+        )
+    )
+    return row
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--data-home", default=None)
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=["search", "batch", "memmap"],
+        choices=["search", "batch", "memmap"],
+    )
+    parser.add_argument("--seed", type=int, default=0, help="label draw")
+    parser.add_argument("--search-steps", type=int, default=2000)
+    parser.add_argument(
+        "--search-modes",
+        nargs="+",
+        default=["serial", "threads"],
+        choices=["serial", "threads", "processes"],
+    )
+    parser.add_argument(
+        "--unlabeled-sizes", type=int, nargs="+", default=[1000, 5000, 20000, 60000]
+    )
+    parser.add_argument("--precisions", nargs="+", default=["tf32", "bf16"])
+    parser.add_argument("--batch-steps", type=int, default=23)
+    parser.add_argument("--pool-size", type=int, default=1_000_000)
+    parser.add_argument("--pool-dir", default=None, help="default: a temporary folder")
+    parser.add_argument("--memmap-steps", type=int, default=2000)
+    parser.add_argument("--json", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    data_home = args.data_home or default_data_home()
+    X_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)
+    X_test, y_test = load_mnist("test", data_home=data_home, return_X_y=True)
+    y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
+    data = (X_train, y_semi, X_test, y_test)
+    results = {"environment": environment(device), "args": vars(args)}
+    out = (
+        args.json or REPO_ROOT / "benchmarks" / "results" / f"scale_{device.type}.json"
+    )
+    sections = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
+    for name in args.sections:
+        results[name] = sections[name](data, args, device)
+        write_json(out, results)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

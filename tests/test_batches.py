@@ -1,0 +1,153 @@
+"""Where batches come from: memory-mapped pools, and chunked large batches."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import skassoc._training
+from skassoc import SemiSupervisedAssociationClassifier
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def make_clf(fast_params, **overrides):
+    return SemiSupervisedAssociationClassifier(**{**fast_params, **overrides})
+
+
+def write_memmap(path, array):
+    mapped = np.lib.format.open_memmap(
+        path, mode="w+", dtype=array.dtype, shape=array.shape
+    )
+    mapped[:] = array
+    mapped.flush()
+    del mapped
+    return np.load(path, mmap_mode="r")
+
+
+def test_memory_mapped_inputs_train_like_in_memory_ones(digits_images, tmp_path):
+    X, y = digits_images
+    y_semi = np.where(np.arange(len(y)) % 4 == 0, y, -1)
+    mapped = write_memmap(tmp_path / "X.npy", X)
+    params = dict(
+        network="mnist",
+        max_iter=20,
+        device="cpu",
+        random_state=0,
+        labeled_per_class=2,
+        unlabeled_batch_size=16,
+        precision="fp32",
+    )
+    from_disk = SemiSupervisedAssociationClassifier(**params).fit(mapped, y_semi)
+    in_memory = SemiSupervisedAssociationClassifier(**params).fit(X, y_semi)
+    # The same draws; only the order of the rows inside the unlabeled batch
+    # differs (the losses do not depend on it), so float sums differ slightly.
+    np.testing.assert_allclose(
+        from_disk.predict_proba(X), in_memory.predict_proba(X), atol=1e-3
+    )
+    assert from_disk.n_iter_ == 20
+
+
+def _anonymous_memory_kib():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise RuntimeError("RssAnon not found")
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/status"), reason="reads Linux's /proc"
+)
+def test_a_memory_mapped_pool_is_never_loaded_whole(tmp_path, fast_params):
+    n_samples, n_features = 200_000, 784  # 157 MB of uint8, 627 MB as float32
+    rng = np.random.RandomState(0)
+    mapped = np.lib.format.open_memmap(
+        tmp_path / "pool.npy", mode="w+", dtype=np.uint8, shape=(n_samples, n_features)
+    )
+    for start in range(0, n_samples, 20_000):
+        mapped[start : start + 20_000] = rng.randint(0, 256, (20_000, n_features))
+    mapped.flush()
+    del mapped
+    X = np.load(tmp_path / "pool.npy", mmap_mode="r")
+    y = np.full(n_samples, -1)
+    y[:30] = np.arange(30) % 3
+
+    peak = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], _anonymous_memory_kib())
+            time.sleep(0.002)
+
+    clf = make_clf(fast_params, max_iter=20)
+    baseline = _anonymous_memory_kib()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        clf.fit(X, y)
+    finally:
+        done.set()
+        watcher.join()
+    grown_mib = (peak[0] - baseline) / 1024
+    # A copy of the pool would add at least 150 MiB of private memory.
+    assert grown_mib < 60, f"fit grew private memory by {grown_mib:.0f} MiB"
+    assert clf.predict(X[:5]).shape == (5,)
+
+
+class _CountingCheckpoint:
+    """Wraps torch's checkpoint and counts the chunks it was asked for."""
+
+    def __init__(self, original):
+        self.original = original
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.original(*args, **kwargs)
+
+
+def _with_chunk_size(monkeypatch, chunk_size):
+    """Make the estimator's training runs embed in chunks of ``chunk_size``."""
+    original = SemiSupervisedAssociationClassifier._training_config
+
+    def training_config(self, *args, **kwargs):
+        config = original(self, *args, **kwargs)
+        config.embedding_chunk_size = chunk_size
+        return config
+
+    monkeypatch.setattr(
+        SemiSupervisedAssociationClassifier, "_training_config", training_config
+    )
+    spy = _CountingCheckpoint(skassoc._training.checkpoint)
+    monkeypatch.setattr(skassoc._training, "checkpoint", spy)
+    return spy
+
+
+def test_chunked_embedding_trains_like_one_pass(monkeypatch, fast_params, blobs_semi):
+    X, y = blobs_semi
+    whole = make_clf(fast_params).fit(X, y)
+    # 9 labeled + 32 unlabeled samples a step: chunks of 16, 16 and 9.
+    spy = _with_chunk_size(monkeypatch, 16)
+    chunked = make_clf(fast_params).fit(X, y)
+    assert spy.calls == 3 * fast_params["max_iter"]
+    np.testing.assert_allclose(
+        chunked.predict_proba(X), whole.predict_proba(X), atol=1e-4
+    )
+
+
+def test_networks_with_batch_norm_are_never_chunked(
+    monkeypatch, fast_params, blobs_semi
+):
+    X, y = blobs_semi
+    spy = _with_chunk_size(monkeypatch, 16)
+    network = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ELU()
+    )
+    clf = make_clf(fast_params, network=network).fit(X, y)
+    assert spy.calls == 0
+    assert clf.n_iter_ == fast_params["max_iter"]
