@@ -33,8 +33,10 @@ from ._training import (
     TrainingConfig,
     autocast_context,
     cpu_has_native_bf16,
+    cuda_rng_lock,
     default_log_interval,
     precision_context,
+    seeded_rng,
     train,
 )
 from ._validation import (
@@ -414,9 +416,7 @@ class SemiSupervisedAssociationClassifier(
         precision = self._resolve_precision(device, images=data.ndim == 4)
         # Seed torch's generators for this fit only, so results depend on
         # random_state alone and the caller's random streams are untouched.
-        cuda_devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda_devices):
-            torch.manual_seed(seed)
+        with seeded_rng(seed, device):
             if warm:
                 model = copy.deepcopy(self.model_).to(device)
                 network_name = self.network_
@@ -528,7 +528,10 @@ class SemiSupervisedAssociationClassifier(
         sample = as_tensor(data[:2]).to(device).float()
         if input_format is not None:
             sample = input_format(sample)
-        embedding_dim = self._probe_embedding_dim(embedder, sample)
+        # cuDNN may autotune (and synchronize the device) for a new shape:
+        # never while another thread captures a CUDA graph.
+        with cuda_rng_lock(device):
+            embedding_dim = self._probe_embedding_dim(embedder, sample)
         model = AssociationModel(embedder, embedding_dim, n_classes, input_format)
         return place_model(model, device, images=data.ndim == 4), name
 
@@ -605,7 +608,14 @@ class SemiSupervisedAssociationClassifier(
             torch.channels_last if data.ndim == 4 else torch.contiguous_format
         )
         chunks = []
-        with torch.inference_mode(), precision_context(device, precision):
+        # The lock: cuDNN's autotuning of new batch shapes synchronizes the
+        # device, which must not happen while a fit in another thread
+        # captures its CUDA graph (see _training.cuda_rng_lock).
+        with (
+            torch.inference_mode(),
+            precision_context(device, precision),
+            cuda_rng_lock(device),
+        ):
             for start in range(0, data.shape[0], batch_size):
                 batch = as_tensor(data[start : start + batch_size])
                 batch = batch.to(device, non_blocking=True).float()

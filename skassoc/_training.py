@@ -9,6 +9,7 @@ on the device and read back every ``log_interval`` steps.
 
 import contextlib
 import math
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,13 @@ from ._losses import (
 )
 from ._networks import weight_tensors
 
-__all__ = ["TrainingConfig", "TrainingResult", "train", "precision_context"]
+__all__ = [
+    "TrainingConfig",
+    "TrainingResult",
+    "train",
+    "precision_context",
+    "seeded_rng",
+]
 
 LOSS_NAMES = ("total", "walker", "visit", "logit")
 
@@ -69,6 +76,45 @@ class TrainingResult:
 
 class NonFiniteLossError(FloatingPointError):
     """Raised when a training loss becomes NaN or infinite."""
+
+
+# Every fit draws its batches from torch's global CUDA generator, and CUDA
+# graphs put that generator in a capture state: while one thread captures a
+# step, any other use of the generator (an eager step, a replay, a reseed) in
+# another thread fails, and so does a device-wide synchronisation (cuDNN
+# autotuning a new shape does one). Fits and predictions in threads
+# (GridSearchCV under joblib's threading backend) therefore take this lock
+# for capture, for each launch and for inference; a replay only enqueues
+# work, so holding the lock for it costs microseconds and the GPU still runs
+# the fits' steps side by side.
+_CUDA_RNG_LOCK = threading.RLock()
+
+
+def cuda_rng_lock(device):
+    """The lock above on a GPU; nothing on a CPU."""
+    if device.type == "cuda":
+        return _CUDA_RNG_LOCK
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def seeded_rng(seed, device):
+    """Seed torch's generators for one fit, then restore the caller's streams.
+
+    Like ``torch.random.fork_rng``, but reads and sets the CUDA state under
+    :func:`cuda_rng_lock`, so that it cannot meet another thread's capture.
+    """
+    with cuda_rng_lock(device):
+        cpu_state = torch.get_rng_state()
+        cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        with cuda_rng_lock(device):
+            torch.set_rng_state(cpu_state)
+            if cuda_state is not None:
+                torch.cuda.set_rng_state(cuda_state, device)
 
 
 def cpu_has_native_bf16():
@@ -295,9 +341,12 @@ def _capture(step, scheduler, n_warmup):
     torch.cuda.current_stream().wait_stream(side)
     step.optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
-    # "thread_local": fits running in other threads (GridSearchCV with the
-    # threading backend) may use CUDA while this thread captures.
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    # A capture stream of this fit's own (torch.cuda.graph's default one is
+    # shared by all threads), and "thread_local" mode: fits in other threads
+    # (GridSearchCV under the threading backend) may use CUDA meanwhile.
+    with torch.cuda.graph(
+        graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"
+    ):
         step()
     return graph
 
@@ -400,17 +449,20 @@ def _train(model, batches, config, device):
     graph = None
     completed = 0
     try:
+        lock = cuda_rng_lock(device)
         if use_graph:
             n_warmup = min(_GRAPH_WARMUP_STEPS, config.max_iter)
-            graph = _capture(step, scheduler, n_warmup)
+            with lock:
+                graph = _capture(step, scheduler, n_warmup)
             _keep_lr_tensor(optimizer, lr_tensors)
             completed = n_warmup
         while completed < config.max_iter:
             step.prefetch()
-            if graph is not None:
-                graph.replay()
-            else:
-                step()
+            with lock:
+                if graph is not None:
+                    graph.replay()
+                else:
+                    step()
             completed += 1
             if completed % config.log_interval == 0 or completed == config.max_iter:
                 read_losses(completed)
