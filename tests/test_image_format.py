@@ -140,3 +140,33 @@ def test_format_parameters_are_validated(small_digit_images):
     two_channels = np.repeat(X[:, None], 2, axis=1)
     with pytest.raises(ValueError, match="the images have 2 channels"):
         make_clf(image_channels=3).fit(two_channels, y_semi)
+
+
+# ------------------------------------------------------ format_images (NumPy)
+
+
+def test_format_images_matches_the_estimators_conversion():
+    from skassoc.datasets import format_images
+
+    rng = np.random.RandomState(0)
+    grey = rng.randint(0, 256, size=(10, 28, 28)).astype(np.uint8)
+    out = format_images(grey, size=32, channels=3)
+    assert out.shape == (10, 3, 32, 32) and out.dtype == np.uint8
+    expected = ImageFormat((32, 32), 3)(torch.as_tensor(grey[:, None]).float())
+    np.testing.assert_allclose(out, expected.round().clamp(0, 255).numpy(), atol=0)
+    floats = format_images(grey.astype(np.float64) / 255, channels=3)
+    assert floats.dtype == np.float32 and floats.shape == (10, 3, 28, 28)
+    assert format_images(grey[:0], size=32).shape == (0, 1, 32, 32)
+
+
+def test_format_images_rejects_bad_input():
+    from skassoc.datasets import format_images
+
+    with pytest.raises(ValueError, match="images must be"):
+        format_images(np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="channels must be"):
+        format_images(np.zeros((3, 4, 4)), channels=2)
+    with pytest.raises(ValueError, match="the images have 2 channels"):
+        format_images(np.zeros((3, 2, 4, 4)), channels=3)
+    with pytest.raises(ValueError, match="size must be"):
+        format_images(np.zeros((3, 4, 4)), size=(0, 4))

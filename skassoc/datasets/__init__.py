@@ -7,9 +7,11 @@ its files), :func:`load_svhn` and :func:`load_stl10` (which memory-maps the
 :func:`make_semi_supervised_labels` hides all but a few labels per class.
 For domain-adaptation experiments, :func:`make_synthetic_digits` generates
 printed digits like "Synthetic Digits", and :func:`make_mnist_m_like` blends
-grey digits with colour textures as MNIST-M does.
+grey digits with colour textures as MNIST-M does, and :func:`format_images`
+brings two image sets to one size and colour format.
 """
 
+from ._format import format_images
 from ._generators import make_mnist_m_like, make_synthetic_digits
 from ._labels import make_semi_supervised_labels
 from ._mnist import load_mnist
@@ -17,6 +19,7 @@ from ._stl10 import load_stl10
 from ._svhn import load_svhn
 
 __all__ = [
+    "format_images",
     "load_mnist",
     "load_stl10",
     "load_svhn",
