@@ -34,9 +34,11 @@ setup(
             "scipy>=1.9",
             "hypothesis>=6.0",
             "matplotlib>=3.6",
+            "pillow>=9",
             "ruff>=0.4",
+            "dask[distributed]>=2023.1",
         ],
-        "examples": ["matplotlib>=3.6"],
+        "examples": ["matplotlib>=3.6", "pillow>=9"],
         "docs": [
             "sphinx>=7",
             "numpydoc>=1.6",
