@@ -287,3 +287,25 @@ def results_table(rows, setting_key, setting_title, score_key, score_title):
             ]
         )
     return text_table(header, cells)
+
+
+def add_run_arguments(parser, data_home_help, max_iter):
+    """The options the table scripts share: data folder, device, seeds, steps."""
+    parser.add_argument("--data-home", default=None, help=data_home_help)
+    parser.add_argument(
+        "--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2],
+        help="label draws and network seeds, one run each (default 0 1 2)",
+    )
+    parser.add_argument(
+        "--max-iter",
+        type=int,
+        default=None,
+        help=f"training steps (default {max_iter}, the authors' code; the decay "
+        "interval is scaled alike)",
+    )

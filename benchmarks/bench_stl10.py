@@ -59,6 +59,7 @@ from functools import partial
 import numpy as np
 from _common import (
     REPO_ROOT,
+    add_run_arguments,
     environment,
     resolve_device,
     results_table,
@@ -104,28 +105,11 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--data-home",
-        default=None,
-        help="folder with the STL-10 .bin files or their stl10_binary folder "
+    add_run_arguments(
+        parser,
+        "folder with the STL-10 .bin files or their stl10_binary folder "
         "(default: $SKASSOC_STL10_DIR, else ~/scikit_learn_data/stl10)",
-    )
-    parser.add_argument(
-        "--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)"
-    )
-    parser.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=[0, 1, 2],
-        help="label draws and network seeds, one run each (default 0 1 2)",
-    )
-    parser.add_argument(
-        "--max-iter",
-        type=int,
-        default=None,
-        help=f"training steps (default {PARAMS['max_iter']}, the authors' "
-        "code; the decay interval is scaled alike)",
+        PARAMS["max_iter"],
     )
     parser.add_argument(
         "--labels-per-class",
