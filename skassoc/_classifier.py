@@ -346,7 +346,10 @@ class SemiSupervisedAssociationClassifier(
         X : array-like of shape (n_samples, n_features), (n_samples, h, w) \
                 or (n_samples, c, h, w)
             Training inputs, raw: pixel values as they are (e.g. 0..255) for
-            the image networks, features as they are for the MLP.
+            the image networks, features as they are for the MLP. A
+            :class:`numpy.memmap` (uint8 or float32) is never loaded whole:
+            each step's batch is read from it; any other array is copied to
+            the training device once.
         y : array-like of shape (n_samples,)
             Labels; ``-1`` marks an unlabeled sample.
 
