@@ -128,7 +128,8 @@ def shortened_schedule(params, max_iter):
     return params
 
 
-def _synchronize(device):
+def synchronize(device):
+    """Wait for the GPU's queued work, so that a wall-clock time covers it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -145,10 +146,10 @@ def fit_and_evaluate(params, X, y, X_test, y_test, device):
     from skassoc import SemiSupervisedAssociationClassifier
 
     clf = SemiSupervisedAssociationClassifier(**{**params, "device": str(device)})
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     clf.fit(X, y)
-    _synchronize(device)
+    synchronize(device)
     fit_seconds = time.perf_counter() - start
     start = time.perf_counter()
     predicted = clf.predict(X_test)

@@ -60,6 +60,7 @@ from _common import (
     default_data_home,
     environment,
     resolve_device,
+    synchronize,
     text_table,
     write_json,
 )
@@ -76,11 +77,6 @@ SEARCH_GRID = {
     "walker_weight": [0.5, 1.0],
     "learning_rate": [1e-3, 2e-3],
 }
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def recipe(max_iter, device, **overrides):

@@ -67,6 +67,7 @@ from _common import (
     REPO_ROOT,
     default_data_home,
     environment,
+    synchronize,
 )
 from torch import nn
 
@@ -193,11 +194,6 @@ def bare_test_error(model, x_test, y_test):
 
 
 # ------------------------------------------------------------------- helpers
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def skassoc_fit(x, y_semi, max_iter, args, device, **overrides):

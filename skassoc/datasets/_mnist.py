@@ -11,8 +11,9 @@ import urllib.request
 import zlib
 
 import numpy as np
-from sklearn.datasets import get_data_home
 from sklearn.utils import Bunch
+
+from ._data_home import resolve_data_home
 
 __all__ = ["load_mnist"]
 
@@ -80,13 +81,7 @@ applied to document recognition", Proceedings of the IEEE, 86(11),
 
 
 def _resolve_data_home(data_home):
-    """Return the folder that holds (or will hold) the MNIST files."""
-    if data_home is not None:
-        return os.path.abspath(os.path.expanduser(os.fspath(data_home)))
-    from_env = os.environ.get(_ENV_VAR)
-    if from_env:
-        return os.path.abspath(os.path.expanduser(from_env))
-    return os.path.join(get_data_home(), "mnist")
+    return resolve_data_home(data_home, _ENV_VAR, "mnist")
 
 
 def _is_gzip(path):

@@ -3,8 +3,9 @@
 import os
 
 import numpy as np
-from sklearn.datasets import get_data_home
 from sklearn.utils import Bunch
+
+from ._data_home import resolve_data_home
 
 __all__ = ["load_stl10"]
 
@@ -54,13 +55,7 @@ https://cs.stanford.edu/~acoates/stl10/
 
 
 def _resolve_data_home(data_home):
-    """Return the folder given by the user (or the default) for STL-10."""
-    if data_home is not None:
-        return os.path.abspath(os.path.expanduser(os.fspath(data_home)))
-    from_env = os.environ.get(_ENV_VAR)
-    if from_env:
-        return os.path.abspath(os.path.expanduser(from_env))
-    return os.path.join(get_data_home(), "stl10")
+    return resolve_data_home(data_home, _ENV_VAR, "stl10")
 
 
 def _find_folder(folder, names):

@@ -4,8 +4,9 @@ import os
 
 import numpy as np
 from scipy.io import loadmat
-from sklearn.datasets import get_data_home
 from sklearn.utils import Bunch
+
+from ._data_home import resolve_data_home
 
 __all__ = ["load_svhn"]
 
@@ -34,13 +35,7 @@ http://ufldl.stanford.edu/housenumbers/
 
 
 def _resolve_data_home(data_home):
-    """Return the folder that holds the SVHN files."""
-    if data_home is not None:
-        return os.path.abspath(os.path.expanduser(os.fspath(data_home)))
-    from_env = os.environ.get(_ENV_VAR)
-    if from_env:
-        return os.path.abspath(os.path.expanduser(from_env))
-    return os.path.join(get_data_home(), "svhn")
+    return resolve_data_home(data_home, _ENV_VAR, "svhn")
 
 
 def load_svhn(subset="train", *, data_home=None, return_X_y=False):
