@@ -3,11 +3,14 @@
 The paper's augmentation (METHOD.md): a random affine map per image, whose
 2x2 part is ``I + 0.15 * N(0, 1)`` and whose translation is ``2 * N(0, 1)``
 pixels about the centre, with reflected borders, then a 7x7 Gaussian blur
-with probability 0.5; later work added random inversion ``|x - 255 b|``.
+with probability 0.5, applied to both batches; later work added random
+inversion ``|x - 255 b|``. The training step can leave the unlabeled batch
+as it is (setting ``unlabeled=False``).
 Everything is drawn with device random numbers and fixed shapes, so the
 augmentation is captured inside the training step's CUDA graph.
 """
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +23,8 @@ PAPER_AUGMENTATION = {
     "blur_probability": 0.5,
     "blur_sigma": 1.0,
     "invert_probability": 0.0,
+    # Whether the unlabeled batch is augmented too (the labeled one always is).
+    "unlabeled": True,
 }
 
 
@@ -36,7 +41,15 @@ def resolve_augmentation(augmentation):
             f"{sorted(PAPER_AUGMENTATION)}."
         )
     settings = {**PAPER_AUGMENTATION, **augmentation}
+    if not isinstance(settings["unlabeled"], (bool, np.bool_)):
+        raise ValueError(
+            "augmentation['unlabeled'] must be True (augment both batches) or "
+            f"False (the labeled batch only); got {settings['unlabeled']!r}."
+        )
+    settings["unlabeled"] = bool(settings["unlabeled"])
     for name, value in settings.items():
+        if name == "unlabeled":
+            continue
         if not value >= 0:
             raise ValueError(f"augmentation[{name!r}] must be >= 0; got {value!r}.")
     for name in ("blur_probability", "invert_probability"):

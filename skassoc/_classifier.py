@@ -147,8 +147,10 @@ class SemiSupervisedAssociationClassifier(
         device (image inputs only). ``"paper"``: the paper's random affine
         warp (``I + 0.15 N(0, 1)``, translation ``2 N(0, 1)`` pixels) and a
         7x7 Gaussian blur with probability 0.5. A dict overrides some of
-        ``affine_std``, ``translate_std``, ``blur_probability``, ``blur_sigma``
-        and ``invert_probability`` (inversion ``|x - 255|`` of raw pixels).
+        ``affine_std``, ``translate_std``, ``blur_probability``, ``blur_sigma``,
+        ``invert_probability`` (inversion ``|x - 255|`` of raw pixels) and
+        ``unlabeled`` (default True; False augments the labeled batch only
+        and leaves the unlabeled images as they are).
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
         the weights over training (decay per step, e.g. 0.999) instead of the

@@ -172,11 +172,11 @@ class _AssociationStep:
         self.memory_format = (
             torch.channels_last if config.channels_last else torch.contiguous_format
         )
-        self.augment = (
-            ImageAugmentation(**config.augmentation).to(device)
-            if config.augmentation is not None
-            else None
-        )
+        self.augment, self.augment_unlabeled = None, False
+        if config.augmentation is not None:
+            settings = dict(config.augmentation)
+            self.augment_unlabeled = settings.pop("unlabeled")
+            self.augment = ImageAugmentation(**settings).to(device)
         self.params = list(model.parameters())
         has_batch_norm = any(
             isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
@@ -251,7 +251,12 @@ class _AssociationStep:
         n_labeled = labels.shape[0]
         batch = self.batches.batch()
         if self.augment is not None:
-            batch = self.augment(batch)
+            if self.augment_unlabeled:
+                batch = self.augment(batch)
+            else:
+                # The labeled rows come first (see ``_batches``).
+                labeled = self.augment(batch[:n_labeled])
+                batch = torch.cat([labeled, batch[n_labeled:]])
         with autocast_context(self.device, config.precision):
             embeddings = self.embed(batch)
             logits = self.model.logits(embeddings[:n_labeled])

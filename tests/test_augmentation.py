@@ -74,6 +74,10 @@ def test_resolve_augmentation():
         resolve_augmentation({"rotate": 1})
     with pytest.raises(ValueError, match="probability"):
         resolve_augmentation({"blur_probability": 2})
+    assert resolve_augmentation("paper")["unlabeled"] is True
+    assert resolve_augmentation({"unlabeled": np.False_})["unlabeled"] is False
+    with pytest.raises(ValueError, match="unlabeled.*True.*False"):
+        resolve_augmentation({"unlabeled": "labeled"})
 
 
 def _digit_images(n=300):
@@ -92,6 +96,29 @@ def test_fit_with_augmentation_on_images():
         augmentation="paper", max_iter=5, device="cpu", random_state=0
     )
     assert clf.fit(X, y).predict(X).shape == (len(X),)
+
+
+@pytest.mark.parametrize("unlabeled", [True, False])
+def test_unlabeled_setting_chooses_the_augmented_rows(monkeypatch, unlabeled):
+    X, y = _digit_images()
+    seen = []
+    forward = ImageAugmentation.forward
+
+    def spy(self, x):
+        seen.append(x.shape[0])
+        return forward(self, x)
+
+    monkeypatch.setattr(ImageAugmentation, "forward", spy)
+    clf = SemiSupervisedAssociationClassifier(
+        augmentation={"unlabeled": unlabeled},
+        labeled_per_class=2,
+        unlabeled_batch_size=7,
+        max_iter=3,
+        device="cpu",
+        random_state=0,
+    ).fit(X, y)
+    n_labeled = 2 * len(clf.classes_)
+    assert seen == [n_labeled + 7 if unlabeled else n_labeled] * 3
 
 
 def test_augmentation_needs_images():

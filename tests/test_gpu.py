@@ -56,9 +56,10 @@ def test_precisions_train(digit_images, precision):
     assert clf.predict_proba(X).dtype == np.float32
 
 
-def test_augmentation_and_average_inside_the_graph(digit_images):
+@pytest.mark.parametrize("unlabeled", [True, False])
+def test_augmentation_and_average_inside_the_graph(digit_images, unlabeled):
     X, y, y_semi = digit_images
-    clf = fit(X, y_semi, augmentation="paper", ema_decay=0.99)
+    clf = fit(X, y_semi, augmentation={"unlabeled": unlabeled}, ema_decay=0.99)
     assert clf.score(X, y) > 0.6
 
 
