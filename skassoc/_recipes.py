@@ -25,6 +25,32 @@ RECIPES = {
         "logit_weight": 1.0,
         "l2_scale": 1e-3,
     },
+    # The paper's recipe plus a mild random warp of the labeled batch only
+    # (affine noise 0.05, 1-pixel shifts, no blur; the unlabeled batch stays
+    # as it is): the best of the ablations in benchmarks/bench_mnist.py
+    # (MNIST, median of 5 label draws: 0.84% test error with 100 labels and
+    # 0.58% with 1000, against 0.93% and 0.85% for "paper"). Augmenting the
+    # unlabeled batch too, or the paper's stronger warp, sometimes lets the
+    # walker hand a style of 7s to class 3 (about 2% error).
+    "improved": {
+        "network": "mnist",
+        "labeled_per_class": 10,
+        "unlabeled_batch_size": 100,
+        "max_iter": 20_000,
+        "learning_rate": 1e-3,
+        "lr_decay": 0.33,
+        "lr_decay_steps": 5_000,
+        "walker_weight": 1.0,
+        "visit_weight": 1.0,
+        "logit_weight": 1.0,
+        "l2_scale": 1e-3,
+        "augmentation": {
+            "affine_std": 0.05,
+            "translate_std": 1.0,
+            "blur_probability": 0.0,
+            "unlabeled": False,
+        },
+    },
     # Domain adaptation as in the authors' code (METHOD.md, SVHN -> MNIST):
     # the SVHN network on 32x32 colour inputs, 10 labeled source samples per
     # class and 1,000 unlabeled target samples a step, Adam at 1e-4 decayed
