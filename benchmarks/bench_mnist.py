@@ -39,7 +39,12 @@ recipes
 ablations
     100 labels, "paper" plus one override set of ``ABLATIONS`` (below; pick
     with ``--ablations``) per row, beside "paper" itself, over
-    ``--ablation-draws`` draws.
+    ``--ablation-draws`` draws: precision, weight averaging, augmentation
+    (strength, and whether the unlabeled batch is augmented too), and loss
+    weights, batch sizes and schedules on top of the mild labeled-batch
+    augmentation of recipe "improved". Every skassoc run also records its
+    three most frequent confusions (``most_confused``), which tell a run
+    that gave part of one class to another from uniformly worse ones.
 
 Identical runs (same method, parameters, labels and draw) are trained once
 and shared between the parts that show them, e.g. the ``visit_weight=1`` row
@@ -63,8 +68,8 @@ Quick check on a CPU::
         --train-subset 3000 --eval-subset 1000 --draws 2 --visit-draws 1 \\
         --baseline-draws 1 --json /tmp/m.json --markdown /tmp/m.md
 
-Full run on a GPU (about half an hour on one H100, see ``--dry-run``; with
-``--shard I/N`` one process per GPU, then ``--merge``)::
+Full run on a GPU (about 100 minutes on one H100 by ``--dry-run``'s
+estimate; with ``--shard I/N`` one process per GPU, then ``--merge``)::
 
     python benchmarks/bench_mnist.py --device cuda
 """
@@ -108,6 +113,11 @@ PAPER_TABLE1 = {"100": "0.89 (0.08)", "1000": "0.74 (0.03)", "all": "0.36 (0.03)
 VISIT_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
 PAPER_VISIT = {0.0: "5.68", 0.25: "1.17", 0.5: "0.82", 1.0: "0.85"}
 
+#: A milder warp than the paper's (affine noise 0.05, 1-pixel shifts, no blur).
+MILD_AUGMENTATION = {"affine_std": 0.05, "translate_std": 1.0, "blur_probability": 0.0}
+#: The same on the labeled batch only (recipe "improved").
+MILD_LABELED_AUGMENTATION = {**MILD_AUGMENTATION, "unlabeled": False}
+
 #: Parameter overrides on top of recipe "paper", one ablation row each.
 ABLATIONS = {
     "+augmentation": {"augmentation": "paper"},
@@ -115,6 +125,81 @@ ABLATIONS = {
     "+augmentation+ema": {"augmentation": "paper", "ema_decay": 0.999},
     "bf16": {"precision": "bf16"},
     "fp32": {"precision": "fp32"},
+    "+labeled augmentation": {"augmentation": {"unlabeled": False}},
+    "+mild augmentation": {"augmentation": MILD_AUGMENTATION},
+    "+mild labeled augmentation": {"augmentation": MILD_LABELED_AUGMENTATION},
+    "+labeled augmentation+visit0.5": {
+        "augmentation": {"unlabeled": False},
+        "visit_weight": 0.5,
+    },
+    "+mild labeled augmentation+visit0.5": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "visit_weight": 0.5,
+    },
+    "+labeled augmentation+ramp": {
+        "augmentation": {"unlabeled": False},
+        "association_ramp_steps": 5000,
+    },
+    "+mild labeled augmentation+ema": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "ema_decay": 0.999,
+    },
+    "+mild labeled augmentation+30k steps": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "max_iter": 30_000,
+        "lr_decay_steps": 7_500,
+    },
+    "+labeled shifts": {
+        "augmentation": {
+            "affine_std": 0.0,
+            "translate_std": 1.0,
+            "blur_probability": 0.0,
+            "unlabeled": False,
+        }
+    },
+    "+medium labeled augmentation": {
+        "augmentation": {
+            "affine_std": 0.1,
+            "translate_std": 1.5,
+            "blur_probability": 0.0,
+            "unlabeled": False,
+        }
+    },
+    "+mild labeled augmentation+visit1.5": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+    },
+    "+mild labeled augmentation+walker2": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "walker_weight": 2.0,
+    },
+    "+mild labeled augmentation+15k steps": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "max_iter": 15_000,
+        "lr_decay_steps": 3_750,
+    },
+    "+mild labeled augmentation+12k steps": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "max_iter": 12_000,
+        "lr_decay_steps": 3_000,
+    },
+    "15k steps": {"max_iter": 15_000, "lr_decay_steps": 3_750},
+    "+mild labeled augmentation+5 labeled per class": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "labeled_per_class": 5,
+    },
+    "+mild labeled augmentation+200 unlabeled": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "unlabeled_batch_size": 200,
+    },
+    "+mild labeled augmentation+l2 2e-3": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "l2_scale": 2e-3,
+    },
+    "+mild labeled augmentation+logit0.5": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "logit_weight": 0.5,
+    },
 }
 
 #: Baseline methods on PCA features (run on the CPU).
@@ -476,7 +561,21 @@ def run_job(config, data, device):
         out["pca_seconds"] = data.pca_seconds
     out["n_eval"] = int(len(data.y_test))
     out["test_error_percent"] = 100.0 * float(np.mean(predicted != data.y_test))
+    out["most_confused"] = most_confused(data.y_test, predicted)
     return out
+
+
+def most_confused(y_true, y_pred, n=3):
+    """The ``n`` most frequent errors as ``[true, predicted, count]``.
+
+    A run whose error is far above its setting's median has usually given
+    part of one class to another; this says which.
+    """
+    pairs, counts = np.unique(
+        np.stack([y_true, y_pred])[:, y_true != y_pred], axis=1, return_counts=True
+    )
+    order = np.argsort(-counts, kind="stable")[:n]
+    return [[int(pairs[0, i]), int(pairs[1, i]), int(counts[i])] for i in order]
 
 
 # --------------------------------------------------------------- metadata
@@ -766,7 +865,7 @@ def parse_args(argv=None):
     parser.add_argument("--draws", type=int, default=5, help="table1 and recipes")
     parser.add_argument("--visit-draws", type=int, default=3)
     parser.add_argument("--baseline-draws", type=int, default=3)
-    parser.add_argument("--ablation-draws", type=int, default=3)
+    parser.add_argument("--ablation-draws", type=int, default=5)
     parser.add_argument(
         "--recipes",
         default="paper,improved",
