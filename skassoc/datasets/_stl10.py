@@ -151,14 +151,14 @@ def _read_class_names(folder):
 def load_stl10(subset="train", *, data_home=None, return_X_y=False, mmap="auto"):
     """Load the STL-10 data set (binary version).
 
-    =================   ==============
-    Classes                         10
-    Samples (train)               5000
-    Samples (test)                8000
-    Samples (unlabeled)         100000
-    Image shape            3 x 96 x 96
+    ===================  ==============
+    Classes              10
+    Samples (train)      5000
+    Samples (test)       8000
+    Samples (unlabeled)  100000
+    Image shape          3 x 96 x 96
     Pixel values         integer 0-255
-    =================   ==============
+    ===================  ==============
 
     The files are not downloaded by this function because they are large
     (the unlabeled images alone take 2.7 GB): get
