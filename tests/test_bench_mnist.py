@@ -1,0 +1,87 @@
+"""benchmarks/bench_mnist.py: its ablation table, diagnostics and a tiny run."""
+
+import importlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params
+from skassoc._augmentation import resolve_augmentation
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+
+
+@pytest.fixture
+def bench_mnist(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    return importlib.import_module("bench_mnist")
+
+
+def test_most_confused_counts_the_frequent_errors_first(bench_mnist):
+    y_true = np.array([7, 7, 7, 4, 4, 9, 1, 2])
+    y_pred = np.array([3, 3, 7, 9, 9, 4, 2, 2])
+    assert bench_mnist.most_confused(y_true, y_pred) == [
+        [4, 9, 2],
+        [7, 3, 2],
+        [1, 2, 1],
+    ]
+    assert bench_mnist.most_confused(y_true, y_pred, n=1) == [[4, 9, 2]]
+    assert bench_mnist.most_confused(y_true, y_true) == []
+
+
+def test_every_ablation_is_a_valid_parameter_set(bench_mnist):
+    for overrides in bench_mnist.ABLATIONS.values():
+        params = {**recipe_params("paper"), **overrides}
+        SemiSupervisedAssociationClassifier(**params)._validate_params()
+        if isinstance(params.get("augmentation"), dict):
+            resolve_augmentation(params["augmentation"])
+    improved = {
+        **recipe_params("paper"),
+        **bench_mnist.ABLATIONS["+mild labeled augmentation"],
+    }
+    assert improved == recipe_params("improved")
+
+
+def test_tiny_run_records_rows_and_confusions(
+    bench_mnist, tmp_path, capsys, torch_single_thread
+):
+    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"real MNIST files not found in {MNIST_DIR}")
+    out = tmp_path / "mnist.json"
+    bench_mnist.main(
+        [
+            "--device=cpu",
+            f"--data-home={MNIST_DIR}",
+            "--parts=table1,recipes,ablations",
+            "--recipes=improved",
+            "--ablations=+mild labeled augmentation,bf16",
+            "--draws=1",
+            "--ablation-draws=1",
+            "--max-iter=3",
+            "--train-subset=2000",
+            "--eval-subset=200",
+            f"--json={out}",
+            "--markdown=none",
+            f"--rst={tmp_path / 'mnist.rst'}",
+        ]
+    )
+    results = json.loads(out.read_text())
+    runs = results["runs"]
+    assert all(run["status"] == "ok" for run in runs.values())
+    assert {row["setting"] for row in results["rows"]} >= {
+        "paper",
+        "improved",
+        "+mild labeled augmentation",
+        "bf16",
+    }
+    for run in runs.values():
+        errors = sum(count for _, _, count in run["most_confused"])
+        assert errors <= round(run["test_error_percent"] * run["n_eval"] / 100)
+    # Identical configurations run once: recipe "improved" at 100 labels is
+    # the "+mild labeled augmentation" ablation.
+    improved = runs["recipes/improved/100/0"]
+    assert "ablations/+mild labeled augmentation/100/0" in improved["shared_with"]
+    assert "+mild labeled augmentation" in (tmp_path / "mnist.rst").read_text()

@@ -1,0 +1,56 @@
+"""The named parameter sets of skassoc.RECIPES."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from skassoc import RECIPES, SemiSupervisedAssociationClassifier, recipe_params
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_is_a_valid_parameter_set(name):
+    params = recipe_params(name)
+    clf = SemiSupervisedAssociationClassifier(**params)
+    clf._validate_params()
+    assert {key: clf.get_params()[key] for key in params} == params
+
+
+def test_recipe_params_returns_a_copy():
+    params = recipe_params("improved")
+    params["augmentation"]["affine_std"] = 1.0
+    params["max_iter"] = 1
+    assert RECIPES["improved"]["augmentation"]["affine_std"] == 0.05
+    assert recipe_params("improved")["max_iter"] == 20_000
+
+
+def test_unknown_recipe_names_the_known_ones():
+    with pytest.raises(ValueError, match="Unknown recipe 'mnist'.*'paper'"):
+        recipe_params("mnist")
+
+
+def test_improved_is_paper_plus_a_mild_labeled_batch_warp():
+    paper, improved = recipe_params("paper"), recipe_params("improved")
+    augmentation = improved.pop("augmentation")
+    assert improved == paper
+    assert augmentation["unlabeled"] is False
+    assert 0 < augmentation["affine_std"] < 0.15  # milder than the paper's
+    assert augmentation["blur_probability"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_trains_on_small_images(name, torch_single_thread):
+    X, y = load_digits(return_X_y=True)
+    X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    y_semi = np.where(np.arange(len(y)) % 10 == 0, y, -1)
+    # Two steps with a small unlabeled batch: the recipe's 1,000 colour
+    # 32x32 images a step (domain adaptation) would take seconds on a CPU.
+    params = {
+        **recipe_params(name),
+        "max_iter": 2,
+        "lr_decay_steps": 1,
+        "unlabeled_batch_size": 50,
+    }
+    clf = SemiSupervisedAssociationClassifier(**params, device="cpu", random_state=0)
+    clf.fit(X, y_semi)
+    assert clf.n_iter_ == 2
+    assert clf.predict(X[:5]).shape == (5,)
