@@ -178,7 +178,7 @@ def _encode_params(params):
             raise ValueError(
                 f"Cannot save parameter {name}={value!r}: a model file stores "
                 "parameters as JSON, which holds only None, booleans, numbers, "
-                f"strings and lists of them.{hint}"
+                f"strings, and lists and string-keyed dicts of them.{hint}"
             ) from None
     return encoded, sorted(tuple_params)
 
@@ -195,6 +195,9 @@ def _to_json(value):
         return float(value)
     if isinstance(value, (list, tuple)):
         return [_to_json(item) for item in value]
+    # A settings dict, such as ``augmentation={"unlabeled": False}``.
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _to_json(item) for key, item in value.items()}
     raise TypeError(type(value).__name__)
 
 

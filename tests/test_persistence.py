@@ -180,6 +180,26 @@ def test_round_trip_image_network(digits, tmp_path):
     )
 
 
+def test_round_trip_augmentation_settings(digits, tmp_path):
+    # A dict parameter (recipe "improved" has one) is saved and read back.
+    X, y = digits
+    augmentation = {"affine_std": 0.05, "blur_probability": 0.0, "unlabeled": False}
+    clf = small_classifier(
+        input_shape=(8, 8), augmentation=augmentation, max_iter=5
+    ).fit(X, y)
+    path = tmp_path / "augmented.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert loaded.get_params()["augmentation"] == augmentation
+    assert_same_model(loaded, clf, X)
+
+
+def test_parameter_without_json_form_cannot_be_saved(fitted_mlp, tmp_path):
+    clf = copy.deepcopy(fitted_mlp).set_params(augmentation={1: 0.5})
+    with pytest.raises(ValueError, match="Cannot save parameter augmentation"):
+        save_model(clf, tmp_path / "m.skassoc")
+
+
 def test_architecture_comes_from_the_fitted_network(fitted_mlp, digits, tmp_path):
     # set_params after fit must not change the network that gets rebuilt.
     clf = copy.deepcopy(fitted_mlp).set_params(hidden_layer_sizes=(64, 64))
