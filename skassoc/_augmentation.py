@@ -10,6 +10,9 @@ Everything is drawn with device random numbers and fixed shapes, so the
 augmentation is captured inside the training step's CUDA graph.
 """
 
+import math
+import numbers
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -50,8 +53,18 @@ def resolve_augmentation(augmentation):
     for name, value in settings.items():
         if name == "unlabeled":
             continue
-        if not value >= 0:
-            raise ValueError(f"augmentation[{name!r}] must be >= 0; got {value!r}.")
+        number = isinstance(value, numbers.Real) and not isinstance(
+            value, (bool, np.bool_)
+        )
+        if not (number and math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"augmentation[{name!r}] must be a finite number >= 0; got {value!r}."
+            )
+    if settings["blur_sigma"] == 0:
+        raise ValueError(
+            "augmentation['blur_sigma'] must be > 0 (the width of the blur); to "
+            "switch the blur off, set augmentation['blur_probability'] = 0."
+        )
     for name in ("blur_probability", "invert_probability"):
         if settings[name] > 1:
             raise ValueError(

@@ -375,9 +375,12 @@ class SemiSupervisedAssociationClassifier(
         warm = self.warm_start and hasattr(self, "model_")
         # validate_data resets n_features_in_: keep the previous fit's inputs.
         previous_inputs = (self.n_features_in_, self.input_shape_) if warm else None
+        self._check_hidden_layer_sizes()
         rows, sample_shape = split_sample_shape(X)
         rows, y = validate_data(self, rows, y, dtype="numeric", y_numeric=False)
         image_shape = resolve_image_shape(sample_shape, self.input_shape, rows.shape[1])
+        if self.input_shape is None:
+            _warn_if_channels_last(sample_shape)
         image_size = check_image_size(self.image_size)
         if image_shape is None and (
             image_size is not None or self.image_channels is not None
@@ -401,6 +404,8 @@ class SemiSupervisedAssociationClassifier(
                 f"{previous_inputs[1]}); got {rows.shape[1]} features, image "
                 f"shape {image_shape}. Set warm_start=False to train a new model."
             )
+        if warm:
+            self._check_warm_start_architecture(image_shape)
         classes, encoded = encode_semi_supervised_labels(y)
         if warm and not np.array_equal(classes, self.classes_):
             raise ValueError(
@@ -509,6 +514,54 @@ class SemiSupervisedAssociationClassifier(
             formatted_shape(image_shape, size, self.image_channels),
         )
 
+    def _check_hidden_layer_sizes(self):
+        sizes = self.hidden_layer_sizes
+        if not all(
+            isinstance(width, Integral)
+            and not isinstance(width, (bool, np.bool_))
+            and width >= 1
+            for width in sizes
+        ):
+            raise ValueError(
+                "hidden_layer_sizes must hold positive ints (the width of each "
+                f"hidden layer of the MLP); got {sizes!r}."
+            )
+
+    def _check_warm_start_architecture(self, image_shape):
+        """Refuse parameters that would need another network than ``model_``."""
+        input_format, network_shape = self._input_format(image_shape)
+        fitted = _format_params(self.model_.input_format)
+        wanted = _format_params(input_format)
+        if isinstance(self.network, torch.nn.Module):
+            # A new module cannot be compared with the fitted copy of the old.
+            wanted["network"] = "custom" if self.network_ == "custom" else "a module"
+        else:
+            wanted["network"] = self.network
+            if self.network == "auto":
+                wanted["network"] = auto_network_name(network_shape)
+        fitted["network"] = self.network_
+        if wanted["network"] == self.network_ != "custom":
+            wanted["embedding_dim"] = self.embedding_dim
+            fitted["embedding_dim"] = self.embedding_dim_
+        if wanted["network"] == self.network_ == "mlp":
+            widths = [
+                layer.out_features
+                for layer in self.model_.embedder.layers
+                if isinstance(layer, torch.nn.Linear)
+            ]
+            wanted["hidden_layer_sizes"] = tuple(self.hidden_layer_sizes)
+            fitted["hidden_layer_sizes"] = tuple(widths[:-1])
+        changed = [name for name in wanted if wanted[name] != fitted[name]]
+        if changed:
+            details = ", ".join(
+                f"{name}: {fitted[name]!r} -> {wanted[name]!r}" for name in changed
+            )
+            raise ValueError(
+                "warm_start=True continues training the fitted network, but these "
+                f"parameters now ask for another one ({details}). Set them back, "
+                "or set warm_start=False to train a new model."
+            )
+
     def _build_model(self, data, image_shape, n_classes, device):
         """The embedding network plus logit layer, initialised from torch's seed."""
         input_format, network_shape = self._input_format(image_shape)
@@ -519,15 +572,17 @@ class SemiSupervisedAssociationClassifier(
             name = self.network
             if name == "auto":
                 name = auto_network_name(network_shape)
+            # The MLP sees the images as image_size/image_channels make them.
+            n_features = math.prod(network_shape or data.shape[1:])
             embedder = build_network(
                 name,
                 network_shape,
-                math.prod(data.shape[1:]),
+                n_features,
                 self.embedding_dim,
                 self.hidden_layer_sizes,
             )
             if name == "mlp":
-                embedder.fit_normalization(data)
+                embedder.fit_normalization(data, input_format)
         # A custom module may already live on a GPU: probe it on the device.
         embedder = embedder.to(device)
         sample = as_tensor(data[:2]).to(device).float()
@@ -764,6 +819,32 @@ class SemiSupervisedAssociationClassifier(
         # The network computes in float32 whatever the input dtype.
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
+
+
+def _format_params(input_format):
+    """The ``image_size`` and ``image_channels`` an input format applies."""
+    if isinstance(input_format, ImageFormat):
+        return {
+            "image_size": input_format.size,
+            "image_channels": input_format.channels,
+        }
+    return {"image_size": None, "image_channels": None}
+
+
+def _warn_if_channels_last(sample_shape):
+    """Warn when images look like (h, w, c) but will be read as (c, h, w)."""
+    if sample_shape is None or len(sample_shape) != 3:
+        return
+    channels, height, width = sample_shape
+    if channels > 4 and width in (1, 3, 4):
+        warnings.warn(
+            f"X holds images of shape {tuple(sample_shape)}, read as (channels, "
+            f"height, width) = ({channels}, {height}, {width}). If they are "
+            "channels-last (height, width, channels) images, pass "
+            "np.moveaxis(X, -1, 1) instead.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
 
 def _is_memory_map(X):

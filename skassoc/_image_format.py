@@ -5,7 +5,7 @@ synthetic digits are 32x32 colour. :class:`ImageFormat` converts a batch of
 raw pixel images (any float values, channels first) to a fixed size and
 number of channels, so one network takes both; the estimator runs it on the
 training device in front of the network, and
-:class:`skassoc.preprocessing.ImageFormatter` runs it on NumPy arrays.
+:func:`skassoc.datasets.format_images` runs it on NumPy arrays.
 """
 
 from numbers import Integral
@@ -29,6 +29,7 @@ def check_image_size(size, name="image_size"):
     """
     if size is None:
         return None
+    given = size
     if isinstance(size, Integral) and not isinstance(size, bool):
         size = (size, size)
     try:
@@ -43,7 +44,7 @@ def check_image_size(size, name="image_size"):
     ):
         raise ValueError(
             f"{name} must be None, a positive int or a (height, width) pair of "
-            f"positive ints; got {size!r}."
+            f"positive ints; got {given!r}."
         )
     return (int(size[0]), int(size[1]))
 

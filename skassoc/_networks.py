@@ -226,30 +226,41 @@ class MLPNet(nn.Module):
         xavier_init_(self)
 
     @torch.no_grad()
-    def fit_normalization(self, x):
-        """Learn the standardisation from training inputs ``x`` (n, n_features).
+    def fit_normalization(self, x, input_format=None):
+        """Learn the standardisation from training inputs ``x``.
 
-        ``x`` (an array or tensor) is read a few MiB at a time, in float64, so
-        a memory-mapped ``x`` is never loaded whole.
+        Parameters
+        ----------
+        x : array or tensor of shape (n, ...)
+            Training inputs, read a few MiB at a time in float64, so a
+            memory-mapped ``x`` is never loaded whole.
+        input_format : torch.nn.Module, default=None
+            Conversion applied to the inputs before the network sees them
+            (e.g. an :class:`~skassoc._image_format.ImageFormat`); the
+            statistics are those of its output.
         """
         n = x.shape[0]
         chunk_size = max(1, 2**18 // self.mean.shape[0])
         total = torch.zeros(self.mean.shape, dtype=torch.float64)
         for start in range(0, n, chunk_size):
-            total += self._rows(x, start, chunk_size).sum(dim=0)
+            total += self._rows(x, start, chunk_size, input_format).sum(dim=0)
         mean = total / n
         # A second pass around the mean: exact, unlike sum(x**2) - n mean**2.
         squares = torch.zeros_like(total)
         for start in range(0, n, chunk_size):
-            squares += ((self._rows(x, start, chunk_size) - mean) ** 2).sum(dim=0)
+            rows = self._rows(x, start, chunk_size, input_format)
+            squares += ((rows - mean) ** 2).sum(dim=0)
         self.mean.copy_(mean)
         std = (squares / n).sqrt()
         # Constant features would divide by zero; leave them unscaled.
         self.scale.copy_(torch.where(std > 0, std, torch.ones_like(std)))
 
     @staticmethod
-    def _rows(x, start, chunk_size):
-        return as_tensor(x[start : start + chunk_size]).flatten(1).double()
+    def _rows(x, start, chunk_size, input_format):
+        chunk = as_tensor(x[start : start + chunk_size])
+        if input_format is not None:
+            chunk = input_format(chunk.float())
+        return chunk.flatten(1).double()
 
     def forward(self, x):
         return self.layers((x.flatten(1) - self.mean) / self.scale)

@@ -87,6 +87,6 @@ def recipe_params(name):
     >>> recipe_params("paper")["max_iter"]
     20000
     """
-    if name not in RECIPES:
+    if not isinstance(name, str) or name not in RECIPES:
         raise ValueError(f"Unknown recipe {name!r}; choose one of {sorted(RECIPES)}.")
     return copy.deepcopy(RECIPES[name])

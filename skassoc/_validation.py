@@ -2,6 +2,7 @@
 
 import inspect
 import math
+import numbers
 import os
 import warnings
 
@@ -31,6 +32,15 @@ def split_sample_shape(X):
     reshaped again afterwards. Other inputs (lists, DataFrames) are returned
     as they are, with ``None`` for the shape.
     """
+    if isinstance(X, (list, tuple)):
+        # A nested list of images: read its shape as NumPy would. Ragged or
+        # otherwise odd lists go on as they are, for scikit-learn's message.
+        try:
+            array = np.asarray(X)
+        except ValueError:
+            array = None
+        if array is not None and array.ndim > 2:
+            X = array
     if hasattr(X, "ndim") and hasattr(X, "reshape") and X.ndim > 2:
         if X.ndim > 4:
             raise ValueError(
@@ -57,7 +67,11 @@ def resolve_image_shape(sample_shape, input_shape, n_features):
         Number of values per sample.
     """
     if input_shape is not None:
-        shape = tuple(int(v) for v in input_shape)
+        integers = all(
+            isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+            for v in input_shape
+        )
+        shape = tuple(int(v) for v in input_shape) if integers else ()
         if len(shape) == 2:
             shape = (1, *shape)
         if len(shape) != 3 or min(shape) < 1:
@@ -182,20 +196,36 @@ def encode_semi_supervised_labels(y):
     """
     y = np.asarray(y)
     # A string array cannot hold the integer -1, so there the string "-1"
-    # marks unlabeled samples (np.where(known, y, "-1") builds one).
-    marker = str(UNLABELED) if y.dtype.kind in "US" else UNLABELED
-    labeled = np.asarray(y != marker, dtype=bool)
+    # marks unlabeled samples (np.where(known, y, "-1") builds one). Object
+    # arrays (pandas strings and categoricals arrive as such) accept both.
+    if y.dtype.kind == "U":
+        unlabeled = y == str(UNLABELED)
+    elif y.dtype.kind == "S":
+        unlabeled = y == str(UNLABELED).encode()
+    elif y.dtype.kind == "O":
+        unlabeled = (y == UNLABELED) | (y == str(UNLABELED))
+    else:
+        unlabeled = y == UNLABELED
+    labeled = ~np.asarray(unlabeled, dtype=bool)
     if not labeled.any():
         raise ValueError(
             "Every label in y is -1 (unlabeled). Association training needs "
             "labeled samples of at least two classes."
         )
-    check_classification_targets(y[labeled])
-    classes, encoded_labeled = np.unique(y[labeled], return_inverse=True)
+    try:
+        check_classification_targets(y[labeled])
+        classes, encoded_labeled = np.unique(y[labeled], return_inverse=True)
+    except TypeError as exc:
+        kinds = sorted({type(v).__name__ for v in y[labeled]})
+        raise ValueError(
+            "The labels of y must be all strings or all numbers (besides the "
+            f"-1 of unlabeled samples); got a mix of {', '.join(kinds)}. Convert "
+            "them to one type, e.g. y.astype(str)."
+        ) from exc
     if len(classes) < 2:
         raise ValueError(
-            f"The labeled samples hold only one class ({classes[0]!r}); this "
-            "classifier needs labeled samples of at least two classes."
+            f"The labeled samples hold only one class ({classes[:1].tolist()[0]!r}); "
+            "this classifier needs labeled samples of at least two classes."
         )
     encoded = np.full(y.shape[0], UNLABELED, dtype=np.int64)
     encoded[labeled] = encoded_labeled

@@ -80,10 +80,29 @@ def _labels(kind, y_semi):
     if kind == "str":
         names = np.array(["ant", "bee", "cat"])
         return np.where(labeled, names[y_semi], "-1"), names
+    strings = np.where(labeled, np.array(["ant", "bee", "cat"])[y_semi], "-1")
+    if kind == "object_str_marker":
+        return strings.astype(object), np.array(["ant", "bee", "cat"], dtype=object)
+    if kind == "pandas_str":
+        return pd.Series(strings), np.array(["ant", "bee", "cat"], dtype=object)
+    if kind == "pandas_categorical":
+        return pd.Categorical(strings), np.array(["ant", "bee", "cat"], dtype=object)
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["int", "negative_int", "float", "object_str", "str"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "int",
+        "negative_int",
+        "float",
+        "object_str",
+        "str",
+        "object_str_marker",
+        "pandas_str",
+        "pandas_categorical",
+    ],
+)
 def test_predict_returns_labels_from_classes(fast_params, blobs, blobs_semi, kind):
     X, y_true = blobs
     _, y_semi = blobs_semi
@@ -173,13 +192,14 @@ def test_image_network_and_layouts(fast_params, digits_images):
     proba = clf.predict_proba(X)
     assert np.isfinite(proba).all()
     # The same images in every accepted layout give the same outputs.
-    for layout in (X[:, None], X.reshape(len(X), -1)):
+    for layout in (X[:, None], X.reshape(len(X), -1), X.tolist()):
         np.testing.assert_array_equal(clf.predict_proba(layout), proba)
         np.testing.assert_array_equal(clf.predict(layout), clf.predict(X))
 
     # Fitting on the other layouts trains the same model.
     for X_fit, input_shape in [
         (X[:, None], None),
+        (X.tolist(), None),  # nested lists of images, as array-like allows
         (X.reshape(len(X), -1), (8, 8)),
         (X.reshape(len(X), -1), (1, 8, 8)),
     ]:

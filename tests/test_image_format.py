@@ -123,6 +123,34 @@ def test_the_format_is_applied_in_fit_and_predict(small_digit_images):
     )
 
 
+@pytest.mark.parametrize(
+    "params, n_features",
+    [
+        ({"image_size": 16}, 256),
+        ({"image_size": (8, 4)}, 32),
+        ({"image_channels": 3}, 192),
+    ],
+)
+def test_the_mlp_sees_formatted_images(small_digit_images, params, n_features):
+    X, _, y_semi = small_digit_images
+    clf = make_clf(network="mlp", **params).fit(X, y_semi)
+    assert clf.model_.embedder.mean.shape == (n_features,)
+    # Its standardisation is that of the formatted images.
+    fmt = ImageFormat(params.get("image_size"), params.get("image_channels"))
+    formatted = fmt(torch.as_tensor(X[:, None]).float()).flatten(1).double()
+    torch.testing.assert_close(
+        clf.model_.embedder.mean, formatted.mean(dim=0), check_dtype=False
+    )
+    assert clf.predict_proba(X).shape == (len(X), 10)
+
+
+def test_auto_picks_the_mlp_for_images_shrunk_below_8x8(small_digit_images):
+    X, _, y_semi = small_digit_images
+    clf = make_clf(image_size=4).fit(X, y_semi)
+    assert clf.network_ == "mlp"
+    assert clf.predict(X).shape == (len(X),)
+
+
 def test_format_parameters_need_images(blobs_semi):
     X, y = blobs_semi
     with pytest.raises(ValueError, match="need image inputs"):

@@ -26,6 +26,8 @@ def test_recipe_params_returns_a_copy():
 def test_unknown_recipe_names_the_known_ones():
     with pytest.raises(ValueError, match="Unknown recipe 'mnist'.*'paper'"):
         recipe_params("mnist")
+    with pytest.raises(ValueError, match="Unknown recipe"):
+        recipe_params(["paper"])
 
 
 def test_improved_is_paper_plus_a_mild_labeled_batch_warp():

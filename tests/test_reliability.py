@@ -111,7 +111,9 @@ def _bad_fit_cases():
         pytest.param(inf_X, y, {}, "infinity", id="inf"),
         pytest.param(X * 1e300, y, {}, "float32", id="beyond_float32"),
         pytest.param(X, np.full(40, -1), {}, "Every label in y is -1", id="all_-1"),
-        pytest.param(X, np.where(y == 0, 0, -1), {}, "only one class", id="one_class"),
+        pytest.param(
+            X, np.where(y == 0, 0, -1), {}, r"only one class \(0\)", id="one_class"
+        ),
         pytest.param(X, y[:-1], {}, "inconsistent numbers of samples", id="lengths"),
         pytest.param(X, np.c_[y, y], {}, "1d array", id="y_2d"),
         pytest.param(X + 1j, y, {}, "Complex data", id="complex"),
@@ -155,6 +157,51 @@ def _bad_fit_cases():
         ),
         pytest.param(rng.rand(40, 1, 1, 2, 2), y, {}, "dimensions", id="5d"),
         pytest.param(X, y, {"device": "tpu"}, "device", id="unknown_device"),
+        pytest.param(
+            X,
+            np.array(["a", 2] + [1, -1] * 19, dtype=object),
+            {},
+            "all strings or all numbers",
+            id="mixed_label_types",
+        ),
+        *(
+            pytest.param(
+                X,
+                y,
+                {"hidden_layer_sizes": sizes},
+                r"hidden_layer_sizes must hold positive ints",
+                id=f"hidden_layer_sizes_{sizes}",
+            )
+            for sizes in [(-5,), (0,), (16.5,), (True,), (8, "8")]
+        ),
+        *(
+            pytest.param(
+                X,
+                y,
+                {"input_shape": shape},
+                "input_shape must be",
+                id=f"input_shape_{shape}",
+            )
+            for shape in [(2.5, 2), ("2", "2"), (True, 2, 2), (2, None)]
+        ),
+        pytest.param(
+            rng.rand(40, 8, 8), y, {"image_size": True}, "got True", id="image_size"
+        ),
+        *(
+            pytest.param(
+                rng.rand(40, 8, 8),
+                y,
+                {"network": "mnist", "augmentation": augmentation},
+                match,
+                id=f"augmentation_{augmentation}",
+            )
+            for augmentation, match in [
+                ({"affine_std": "0.1"}, r"'affine_std'\] must be a finite number"),
+                ({"affine_std": None}, r"'affine_std'\] must be a finite number"),
+                ({"translate_std": np.inf}, r"'translate_std'\] must be a finite"),
+                ({"blur_sigma": 0}, r"blur_sigma'\] must be > 0"),
+            ]
+        ),
     ]
 
 
@@ -452,6 +499,46 @@ def test_warm_start_with_other_classes_raises(fast_params, blobs):
     with pytest.raises(ValueError, match="warm_start=True needs the classes"):
         clf.fit(X, np.where(y == 2, 1, y))
     assert_same_state(clf, X, before)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"embedding_dim": 4}, "embedding_dim: 8 -> 4"),
+        ({"hidden_layer_sizes": (8,)}, r"hidden_layer_sizes: \(16,\) -> \(8,\)"),
+        ({"network": "auto"}, None),  # "auto" picks the MLP again: allowed
+        ({"network": torch.nn.Linear(4, 8)}, "network: 'mlp' -> 'a module'"),
+    ],
+)
+def test_warm_start_with_another_network_raises(fast_params, blobs, change, match):
+    X, y = blobs
+    clf = make_clf(fast_params, warm_start=True, max_iter=10).fit(X, y)
+    clf.set_params(**change)
+    before = fitted_state(clf, X)
+    if match is None:
+        assert clf.fit(X, y).n_iter_ == 10
+        return
+    with pytest.raises(ValueError, match=match):
+        clf.fit(X, y)
+    assert_same_state(clf, X, before)
+
+
+def test_warm_start_with_another_image_format_raises(fast_params, digits_images):
+    X, y = digits_images
+    clf = make_clf(fast_params, network="mnist", warm_start=True, max_iter=3)
+    clf.fit(X, y).set_params(image_size=10)
+    before = fitted_state(clf, X)
+    with pytest.raises(ValueError, match=r"image_size: None -> \(10, 10\)"):
+        clf.fit(X, y)
+    assert_same_state(clf, X, before)
+
+
+def test_channels_last_images_warn(fast_params):
+    rng = np.random.RandomState(0)
+    X = rng.randint(0, 255, size=(40, 12, 12, 3)).astype(np.uint8)
+    y = np.arange(40) % 2
+    with pytest.warns(UserWarning, match=r"np.moveaxis\(X, -1, 1\)"):
+        make_clf(fast_params, max_iter=2).fit(X, y)
 
 
 def test_warm_start_with_other_features_raises(fast_params, blobs):
