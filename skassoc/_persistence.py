@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from sklearn.utils.validation import check_is_fitted
 
+from ._image_format import ImageFormat, formatted_shape
 from ._networks import (
     NETWORKS,
     AssociationModel,
@@ -211,6 +212,9 @@ def _encode_fitted(estimator):
         # current parameters: set_params after fit, or a warm-start fit, can
         # leave hidden_layer_sizes describing a different network.
         "hidden_layer_sizes": _hidden_layer_sizes(estimator.model_.embedder),
+        # Likewise the image format the network was trained on, not the
+        # current image_size and image_channels.
+        "input_format": _encode_input_format(estimator.model_.input_format),
         "n_features_in": int(estimator.n_features_in_),
         "n_iter": int(estimator.n_iter_),
         "history": {
@@ -223,6 +227,12 @@ def _encode_fitted(estimator):
     if hasattr(estimator, "feature_names_in_"):
         fitted["feature_names_in"] = [str(n) for n in estimator.feature_names_in_]
     return fitted
+
+
+def _encode_input_format(input_format):
+    if not isinstance(input_format, ImageFormat):
+        return None
+    return {"size": _to_json(input_format.size), "channels": input_format.channels}
 
 
 def _hidden_layer_sizes(embedder):
@@ -424,10 +434,17 @@ def _rebuild(metadata, weights, device):
             f"its parameters do not fit this skassoc ({exc}); it was written "
             f"by skassoc {metadata.get('skassoc_version', '?')}."
         ) from None
-    try:
-        input_format, network_shape = estimator._input_format(input_shape)
-    except ValueError as exc:
-        raise _InvalidModelFile(f"bad image_size ({exc}).") from None
+    if "input_format" in fitted:
+        input_format, network_shape = _decode_input_format(
+            fitted["input_format"], input_shape
+        )
+    else:
+        # Files written before the format was stored: it came from the
+        # parameters saved beside it.
+        try:
+            input_format, network_shape = estimator._input_format(input_shape)
+        except ValueError as exc:
+            raise _InvalidModelFile(f"bad image_size ({exc}).") from None
     model = _build_model(
         network,
         network_shape,
@@ -525,12 +542,34 @@ def _positive_int(mapping, key):
 def _decode_params(metadata):
     params = dict(_field(metadata, "params", dict))
     tuple_params = _field(metadata, "tuple_params", list)
+    if not all(isinstance(name, str) for name in tuple_params):
+        raise _InvalidModelFile(f"bad tuple_params {tuple_params!r}.")
     for name in tuple_params:
         if name in params and isinstance(params[name], list):
             params[name] = tuple(params[name])
     if not isinstance(params.get("network"), str):
         raise _InvalidModelFile("its network parameter is not a built-in name.")
     return params
+
+
+def _decode_input_format(entry, input_shape):
+    """The saved image format and the shape the network sees after it."""
+    if entry is None:
+        return None, input_shape
+    if input_shape is None or not isinstance(entry, dict):
+        raise _InvalidModelFile(f"bad input_format {entry!r}.")
+    size = entry.get("size")
+    channels = entry.get("channels")
+    try:
+        input_format = ImageFormat(size, channels)
+    except (TypeError, ValueError) as exc:
+        raise _InvalidModelFile(f"bad input_format ({exc}).") from None
+    if channels is not None and input_shape[0] not in (1, 3):
+        raise _InvalidModelFile(
+            f"input_format converts to {channels} channels, but the images have "
+            f"{input_shape[0]}."
+        )
+    return input_format, formatted_shape(input_shape, input_format.size, channels)
 
 
 def _decode_shape(shape):

@@ -212,6 +212,31 @@ def test_architecture_comes_from_the_fitted_network(fitted_mlp, digits, tmp_path
     )
 
 
+@pytest.mark.parametrize("change", [{"image_size": 10}, {"image_channels": 3}])
+def test_image_format_comes_from_the_fitted_network(digits, tmp_path, change):
+    # The resize of the fitted model is saved, not that of later parameters.
+    X, y = digits
+    images = X.reshape(-1, 8, 8)
+    clf = small_classifier(network="mnist", image_size=9, max_iter=3).fit(images, y)
+    expected = clf.predict_proba(images)
+    clf.set_params(**change)
+    path = tmp_path / "formatted.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert loaded.get_params() == clf.get_params()
+    np.testing.assert_array_equal(loaded.predict_proba(images), expected)
+
+
+def test_model_without_image_format_ignores_later_format_params(digits, tmp_path):
+    X, y = digits
+    images = X.reshape(-1, 8, 8)
+    clf = small_classifier(network="mnist", max_iter=3).fit(images, y)
+    expected = clf.predict_proba(images)
+    save_model(clf.set_params(image_size=12), tmp_path / "m.skassoc")
+    loaded = load_model(tmp_path / "m.skassoc", device="cpu")
+    np.testing.assert_array_equal(loaded.predict_proba(images), expected)
+
+
 def test_loaded_model_can_warm_start_and_be_cloned(saved, digits):
     X, y = digits
     loaded = load_model(saved, device="cpu")
@@ -430,6 +455,8 @@ def test_weights_that_do_not_fit_the_metadata(saved, edit):
         lambda m: m["params"].update(unknown_param=1),
         lambda m: m["params"].update(predict_batch_size=-3),
         lambda m: m.pop("weights_sha256"),
+        lambda m: m.update(tuple_params=[["hidden_layer_sizes"]]),
+        lambda m: m["fitted"].update(input_format={"size": [9, 9], "channels": None}),
     ],
     ids=[
         "no-history",
@@ -439,6 +466,8 @@ def test_weights_that_do_not_fit_the_metadata(saved, edit):
         "unknown-param",
         "bad-param",
         "no-checksum",
+        "tuple-params",
+        "format-of-rows",
     ],
 )
 def test_malformed_metadata(saved, edit):
