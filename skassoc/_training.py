@@ -474,6 +474,9 @@ def _train(model, batches, config, device):
             scheduler.step()
             if use_graph:
                 _keep_lr_tensor(optimizer, lr_tensors)
+        # A run no longer than the graph's eager warm-up never enters the
+        # loop: its losses still need reading (and checking for NaN).
+        read_losses(completed)
     except KeyboardInterrupt:
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -151,6 +151,9 @@ def as_tensor(array):
     writing through the tensor would be undefined; skassoc never writes into
     its inputs, so the view is safe and spares a copy.
     """
+    if isinstance(array, np.ndarray) and any(step < 0 for step in array.strides):
+        # torch cannot view reversed arrays (X[::-1], np.flip): copy those.
+        array = np.ascontiguousarray(array)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not writable.*")
         return torch.as_tensor(array)

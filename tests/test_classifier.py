@@ -211,6 +211,23 @@ def test_image_network_and_layouts(fast_params, digits_images):
         np.testing.assert_allclose(other.predict_proba(X), proba, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_reversed_views_train_and_predict(fast_params, digits_images, dtype):
+    # Negative strides (X[::-1], np.flip) cannot become torch views.
+    X, y = digits_images
+    X = X.astype(dtype)
+    params = {**fast_params, "network": "mnist", "max_iter": 3}
+    clf = SemiSupervisedAssociationClassifier(**params).fit(X[::-1], y[::-1])
+    reference = SemiSupervisedAssociationClassifier(**params).fit(
+        X[::-1].copy(), y[::-1].copy()
+    )
+    np.testing.assert_array_equal(clf.predict_proba(X), reference.predict_proba(X))
+    flipped = X[..., ::-1]
+    np.testing.assert_array_equal(
+        clf.predict_proba(flipped), clf.predict_proba(flipped.copy())
+    )
+
+
 def test_color_images(fast_params):
     rng = np.random.RandomState(0)
     X = rng.randint(0, 256, size=(40, 3, 8, 8)).astype(np.uint8)

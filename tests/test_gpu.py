@@ -73,6 +73,23 @@ def test_divergence_is_caught_inside_the_graph(digit_images):
     assert not hasattr(clf, "model_")
 
 
+@pytest.mark.parametrize("max_iter", [1, 2, 3, 4])
+def test_runs_within_the_graph_warm_up_log_and_check_losses(digit_images, max_iter):
+    # The graph is captured after 3 eager warm-up steps: shorter runs never
+    # replay it, and still record their losses.
+    X, _, y_semi = digit_images
+    clf = fit(X, y_semi, max_iter=max_iter)
+    assert clf.history_["step"] == [max_iter]
+    assert np.isfinite(clf.history_["total"]).all()
+    if max_iter == 1:
+        return  # the losses of step 1 come before any update
+    diverging = SemiSupervisedAssociationClassifier(
+        learning_rate=1e30, max_iter=max_iter, device="cuda", random_state=0
+    )
+    with pytest.raises(FloatingPointError, match="step"):
+        diverging.fit(X.astype(np.float32) * 1e36, y_semi)
+
+
 def test_grid_search_with_parallel_fits_on_one_gpu(digit_images):
     X, y, _ = digit_images
     search = GridSearchCV(

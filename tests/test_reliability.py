@@ -553,6 +553,18 @@ def test_warm_start_with_other_features_raises(fast_params, blobs):
 # ------------------------------------------------------------- memory, threads
 
 
+@pytest.mark.parametrize("max_iter", [1, 2, 3])
+def test_short_runs_record_and_check_their_losses(fast_params, blobs, max_iter):
+    X, y = blobs
+    clf = make_clf(fast_params, max_iter=max_iter).fit(X, y)
+    assert clf.history_["step"] == [max_iter]
+    if max_iter == 1:
+        return  # the losses of step 1 come before any update
+    diverging = make_clf(fast_params, max_iter=max_iter, learning_rate=1e30)
+    with pytest.raises(FloatingPointError, match="step"):
+        diverging.fit(X.astype(np.float32) * 1e36, y)
+
+
 def test_history_is_bounded(fast_params, blobs):
     X, y = blobs
     clf = make_clf(
