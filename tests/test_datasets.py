@@ -366,7 +366,7 @@ def test_download_next_mirror_after_bad_content(http_root, monkeypatch, tmp_path
 def test_download_missing_everywhere(http_root, monkeypatch, tmp_path):
     _, url, requests = http_root
     monkeypatch.setattr(_mnist, "MNIST_MIRRORS", (url + "a/", url + "b/"))
-    cache = tmp_path / "cache"
+    cache = tmp_path / "new" / "cache"
 
     with pytest.raises(FileNotFoundError) as excinfo:
         load_mnist("test", data_home=cache)
@@ -374,19 +374,24 @@ def test_download_missing_everywhere(http_root, monkeypatch, tmp_path):
     assert "t10k-images-idx3-ubyte" in message
     assert repr(str(cache)) in message
     assert "SKASSOC_MNIST_DIR" in message
+    # The download was tried: no advice to allow it.
+    assert "download_if_missing" not in message
     for mirror in ("a/", "b/"):
         assert f"{url}{mirror}t10k-images-idx3-ubyte.gz: HTTP Error 404" in message
     assert requests == [
         "/a/t10k-images-idx3-ubyte.gz",
         "/b/t10k-images-idx3-ubyte.gz",
     ]
-    assert leftovers(cache) == []
+    # The folders made for the download are removed again.
+    assert not (tmp_path / "new").exists()
 
 
 def test_no_download_when_not_allowed(http_root, monkeypatch, tmp_path):
     _, url, requests = http_root
     monkeypatch.setattr(_mnist, "MNIST_MIRRORS", (url,))
     with pytest.raises(FileNotFoundError, match="t10k-images-idx3-ubyte"):
+        load_mnist("test", data_home=tmp_path / "cache", download_if_missing=False)
+    with pytest.raises(FileNotFoundError, match="download_if_missing=True"):
         load_mnist("test", data_home=tmp_path / "cache", download_if_missing=False)
     assert requests == []
     assert not (tmp_path / "cache").exists()

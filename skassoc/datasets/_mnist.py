@@ -1,5 +1,6 @@
 """Loader for the MNIST handwritten digits, with verified download."""
 
+import contextlib
 import gzip
 import hashlib
 import http.client
@@ -193,14 +194,31 @@ def _find_file(folder, name):
     return None
 
 
-def _missing_message(name, folder):
-    return (
+def _missing_message(name, folder, download_tried=False):
+    message = (
         f"MNIST file {name!r} (or {name + '.gz'!r}) was not found in "
-        f"{folder!r}. Put the file there, point `data_home` or the "
+        f"{folder!r}. Put the file there, or point `data_home` or the "
         f"{_ENV_VAR} environment variable to the folder that holds the "
-        "MNIST files, or call load_mnist with download_if_missing=True "
-        "to download them."
+        "MNIST files"
     )
+    if download_tried:
+        return message + "."
+    return (
+        message + ", or call load_mnist with download_if_missing=True to download them."
+    )
+
+
+def _missing_parents(folder):
+    """The folders ``os.makedirs(folder)`` would create, deepest first."""
+    missing = []
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
 
 
 def _download(name, folder):
@@ -210,7 +228,19 @@ def _download(name, folder):
     once its content has been verified, so an interrupted or corrupted
     download never shows up under the final name.
     """
+    created = _missing_parents(folder)
     os.makedirs(folder, exist_ok=True)
+    try:
+        return _download_from_mirrors(name, folder)
+    except OSError:
+        # Leave no empty folders behind a failed download.
+        for path in created:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        raise
+
+
+def _download_from_mirrors(name, folder):
     expected = _SHA256[name]
     failures = []
     mismatch = None
@@ -260,8 +290,8 @@ def _download(name, folder):
             f"there). Mirrors tried:\n  {tried}"
         )
     raise FileNotFoundError(
-        f"{_missing_message(name, folder)} Downloading failed from every "
-        f"mirror:\n  {tried}"
+        f"{_missing_message(name, folder, download_tried=True)} Downloading "
+        f"failed from every mirror:\n  {tried}"
     )
 
 
