@@ -49,6 +49,7 @@ from ._validation import (
     split_sample_shape,
     to_model_layout,
     user_stacklevel,
+    validate_memory_map,
 )
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
@@ -349,9 +350,10 @@ class SemiSupervisedAssociationClassifier(
                 or (n_samples, c, h, w)
             Training inputs, raw: pixel values as they are (e.g. 0..255) for
             the image networks, features as they are for the MLP. A
-            :class:`numpy.memmap` (uint8 or float32) is never loaded whole:
-            each step's batch is read from it; any other array is copied to
-            the training device once.
+            :class:`numpy.memmap`, or a view of one, is never copied: each
+            step's batch is read from it (float ones are also scanned once,
+            a few MiB at a time, for NaN and infinity); any other array is
+            copied to the training device once.
         y : array-like of shape (n_samples,)
             Labels; ``-1`` marks an unlabeled sample.
 
@@ -376,9 +378,16 @@ class SemiSupervisedAssociationClassifier(
         # validate_data resets n_features_in_: keep the previous fit's inputs.
         previous_inputs = (self.n_features_in_, self.input_shape_) if warm else None
         self._check_hidden_layer_sizes()
-        rows, sample_shape = split_sample_shape(X)
-        rows, y = validate_data(self, rows, y, dtype="numeric", y_numeric=False)
-        image_shape = resolve_image_shape(sample_shape, self.input_shape, rows.shape[1])
+        on_host = _is_memory_map(X)
+        if on_host:
+            # Validated and used where it is: never copied or read whole.
+            y = validate_memory_map(self, X, y)
+            sample_shape = tuple(X.shape[1:]) if X.ndim > 2 else None
+        else:
+            rows, sample_shape = split_sample_shape(X)
+            rows, y = validate_data(self, rows, y, dtype="numeric", y_numeric=False)
+        n_features = self.n_features_in_
+        image_shape = resolve_image_shape(sample_shape, self.input_shape, n_features)
         if self.input_shape is None:
             _warn_if_channels_last(sample_shape)
         image_size = check_image_size(self.image_size)
@@ -397,11 +406,11 @@ class SemiSupervisedAssociationClassifier(
                     f"(1 channel) and colour (3); the images have {image_shape[0]} "
                     "channels. Leave image_channels=None for them."
                 )
-        if warm and (rows.shape[1], image_shape) != previous_inputs:
+        if warm and (n_features, image_shape) != previous_inputs:
             raise ValueError(
                 "warm_start=True needs inputs shaped like those of the previous "
                 f"fit ({previous_inputs[0]} features, image shape "
-                f"{previous_inputs[1]}); got {rows.shape[1]} features, image "
+                f"{previous_inputs[1]}); got {n_features} features, image "
                 f"shape {image_shape}. Set warm_start=False to train a new model."
             )
         if warm:
@@ -421,7 +430,11 @@ class SemiSupervisedAssociationClassifier(
                 "(n, c, h, w) images, or set input_shape for flat rows."
             )
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
-        data = to_model_layout(rows, image_shape)
+        if on_host:
+            # Adding the channel axis of (n, h, w) images is a view, never a copy.
+            data = X if image_shape is None else X.reshape(len(X), *image_shape)
+        else:
+            data = to_model_layout(rows, image_shape)
         max_iter = self._resolve_auto("max_iter", AUTO_MAX_ITER, device)
         precision = self._resolve_precision(device, images=data.ndim == 4)
         # Seed torch's generators for this fit only, so results depend on
@@ -435,7 +448,7 @@ class SemiSupervisedAssociationClassifier(
                     data, image_shape, len(classes), device
                 )
             embedding_dim = model.logits.in_features
-            batches = self._make_batches(data, encoded, device, _is_memory_map(X))
+            batches = self._make_batches(data, encoded, device, on_host)
             config = self._training_config(
                 max_iter, precision, model, augmentation, images=data.ndim == 4
             )

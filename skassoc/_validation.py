@@ -9,6 +9,11 @@ import warnings
 import numpy as np
 import torch
 from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (
+    check_consistent_length,
+    column_or_1d,
+    validate_data,
+)
 
 __all__ = [
     "UNLABELED",
@@ -18,6 +23,7 @@ __all__ = [
     "encode_semi_supervised_labels",
     "resolve_device",
     "check_sample_shape",
+    "validate_memory_map",
 ]
 
 #: The label that marks an unlabeled sample (scikit-learn's convention).
@@ -52,6 +58,60 @@ def split_sample_shape(X):
         # the empty batch must reach validation to get a useful message.
         return X.reshape(X.shape[0], math.prod(X.shape[1:])), tuple(X.shape[1:])
     return X, None
+
+
+def validate_memory_map(estimator, X, y):
+    """scikit-learn's checks of ``fit(X, y)`` for a memory-mapped ``X``.
+
+    ``validate_data`` would flatten ``X`` to rows (a copy of a view that is
+    not contiguous, such as :func:`~skassoc.datasets.load_stl10`'s) and
+    converts float64 to float32 (another copy). Here the dtype and the
+    number of features are checked on the first sample, and float inputs are
+    scanned for NaN, infinity and values beyond float32 a few MiB at a time,
+    so ``X`` stays on disk; integer inputs are not read at all.
+
+    Returns
+    -------
+    y : ndarray of shape (n_samples,)
+        The validated labels.
+    """
+    if not 2 <= X.ndim <= 4:
+        raise ValueError(
+            f"X has {X.ndim} dimensions; expected 2-D rows, (n, h, w) grey "
+            "images or (n, c, h, w) images."
+        )
+    if X.dtype.kind not in "biuf":
+        raise ValueError(
+            f"X is a memory map of dtype {X.dtype}; store numbers (uint8 or "
+            "float32, ideally) to train on it."
+        )
+    # Sets n_features_in_ and checks what one sample can tell.
+    first = np.asarray(X[:1]).reshape(min(len(X), 1), math.prod(X.shape[1:]))
+    validate_data(estimator, first, dtype=None)
+    y = column_or_1d(y, warn=True)
+    check_consistent_length(X, y)
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise ValueError("Input y contains NaN or infinity.")
+    if X.dtype.kind == "f":
+        _check_finite_in_chunks(X)
+    return y
+
+
+def _check_finite_in_chunks(X):
+    limit = np.finfo(np.float32).max
+    rows_per_chunk = max(1, 2**22 // max(1, X.itemsize * math.prod(X.shape[1:])))
+    for start in range(0, len(X), rows_per_chunk):
+        chunk = np.asarray(X[start : start + rows_per_chunk])
+        if not np.isfinite(chunk).all():
+            raise ValueError(
+                "Input X contains NaN or infinity (memory-mapped X, rows "
+                f"{start} to {start + len(chunk) - 1})."
+            )
+        if X.itemsize > 4 and (np.abs(chunk) > limit).any():
+            raise ValueError(
+                "X holds values too large for float32 (beyond +-3.4e38), the "
+                "precision the network computes in; rescale X."
+            )
 
 
 def resolve_image_shape(sample_shape, input_shape, n_features):

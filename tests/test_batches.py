@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+import skassoc._batches
+import skassoc._classifier
 import skassoc._training
 from skassoc import SemiSupervisedAssociationClassifier
 
@@ -57,6 +59,86 @@ def _anonymous_memory_kib():
             if line.startswith("RssAnon:"):
                 return int(line.split()[1])
     raise RuntimeError("RssAnon not found")
+
+
+class _RecordingHostBatches(skassoc._batches.HostBatches):
+    inputs_seen = []
+
+    def __init__(self, inputs, *args, **kwargs):
+        type(self).inputs_seen.append(inputs)
+        super().__init__(inputs, *args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["channels_swapped_uint8", "float64_rows", "float32_grey_images"],
+)
+def test_memory_maps_are_used_where_they_are(
+    digits_images, tmp_path, monkeypatch, layout
+):
+    # No copy, not even of views that are not contiguous (load_stl10 returns
+    # one) or of float64 files, which are converted batch by batch.
+    X, y = digits_images
+    y_semi = np.where(np.arange(len(y)) % 4 == 0, y, -1)
+    if layout == "channels_swapped_uint8":
+        on_disk = np.ascontiguousarray(np.repeat(X[:, None], 3, 1).swapaxes(2, 3))
+        mapped = write_memmap(tmp_path / "X.npy", on_disk)
+        X_fit, X_ref = mapped.swapaxes(2, 3), np.repeat(X[:, None], 3, 1)
+        params = {"network": "mnist"}
+    elif layout == "float64_rows":
+        X_ref = X.reshape(len(X), -1).astype(np.float64)
+        X_fit = mapped = write_memmap(tmp_path / "X.npy", X_ref)
+        params = {"network": "mlp"}
+    else:
+        X_ref = X.astype(np.float32)
+        X_fit = mapped = write_memmap(tmp_path / "X.npy", X_ref)
+        params = {"network": "mnist"}
+    monkeypatch.setattr(_RecordingHostBatches, "inputs_seen", [])
+    monkeypatch.setattr(skassoc._classifier, "HostBatches", _RecordingHostBatches)
+    params.update(
+        max_iter=10,
+        device="cpu",
+        random_state=0,
+        labeled_per_class=2,
+        unlabeled_batch_size=16,
+        precision="fp32",
+    )
+    from_disk = SemiSupervisedAssociationClassifier(**params).fit(X_fit, y_semi)
+    (inputs,) = _RecordingHostBatches.inputs_seen
+    assert np.shares_memory(inputs, mapped)
+    in_memory = SemiSupervisedAssociationClassifier(**params).fit(X_ref, y_semi)
+    np.testing.assert_allclose(
+        from_disk.predict_proba(X_ref), in_memory.predict_proba(X_ref), atol=1e-3
+    )
+    assert from_disk.n_features_in_ == in_memory.n_features_in_
+
+
+@pytest.mark.parametrize(
+    "dtype, value, match",
+    [
+        (np.float32, np.nan, "NaN or infinity"),
+        (np.float64, np.inf, "NaN or infinity"),
+        (np.float64, 1e39, "too large for float32"),
+    ],
+)
+def test_bad_values_in_a_memory_map_are_refused(
+    tmp_path, fast_params, dtype, value, match
+):
+    X = np.random.RandomState(0).rand(60, 4).astype(dtype)
+    X[41, 2] = value
+    mapped = write_memmap(tmp_path / "X.npy", X)
+    clf = make_clf(fast_params)
+    with pytest.raises(ValueError, match=match):
+        clf.fit(mapped, np.arange(60) % 3)
+    assert not hasattr(clf, "n_features_in_")
+
+
+def test_memory_map_with_labels_of_another_length(tmp_path, fast_params):
+    mapped = write_memmap(tmp_path / "X.npy", np.zeros((30, 4), np.float32))
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        make_clf(fast_params).fit(mapped, np.arange(29) % 3)
+    with pytest.raises(ValueError, match="0 sample"):
+        make_clf(fast_params).fit(mapped[:0], np.arange(0))
 
 
 @pytest.mark.skipif(
