@@ -429,6 +429,17 @@ class SemiSupervisedAssociationClassifier(
                 "augmentation needs image inputs; pass X as (n, h, w) or "
                 "(n, c, h, w) images, or set input_shape for flat rows."
             )
+        if (
+            augmentation is not None
+            and augmentation["blur_probability"] > 0
+            and min(image_shape[1:]) < 4
+        ):
+            raise ValueError(
+                "The augmentation's 7x7 blur reflects 3 pixels at the borders, "
+                f"so it needs images of at least 4x4 pixels; these are "
+                f"{image_shape[1]}x{image_shape[2]}. Set "
+                "augmentation['blur_probability'] = 0 for them."
+            )
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         if on_host:
             # Adding the channel axis of (n, h, w) images is a view, never a copy.

@@ -202,6 +202,13 @@ def _bad_fit_cases():
                 ({"blur_sigma": 0}, r"blur_sigma'\] must be > 0"),
             ]
         ),
+        pytest.param(
+            rng.rand(40, 3, 3),
+            y,
+            {"network": "mlp", "augmentation": "paper"},
+            "at least 4x4 pixels",
+            id="blur_on_3x3_images",
+        ),
     ]
 
 
