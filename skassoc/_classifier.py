@@ -180,7 +180,9 @@ class SemiSupervisedAssociationClassifier(
     warm_start : bool, default=False
         Start training from the weights of the previous fit (with a fresh
         optimizer and learning-rate schedule) instead of a new network. The
-        classes must be the same.
+        classes, the input shape and the parameters that shape the network
+        (``network``, ``embedding_dim``, ``hidden_layer_sizes``,
+        ``image_size``, ``image_channels``) must be those of that fit.
 
     Attributes
     ----------
