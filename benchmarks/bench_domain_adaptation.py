@@ -30,8 +30,9 @@ initialisation and batches. Figures beside the paper's analogous pairs
 (ICCV 2017 "Associative Domain Adaptation": MNIST -> MNIST-M 10.47% error;
 synthetic digits -> SVHN 8.14%).
 
-Run (about 12 minutes for both pairs and 3 seeds on one H100; pairs can run
-on separate GPUs and be merged)::
+Run (the fits of both pairs and 3 seeds took 16 minutes in all, mostly on
+H200s, plus the time to generate the data; pairs can run on separate GPUs
+and be merged)::
 
     python benchmarks/bench_domain_adaptation.py --device cuda
     CUDA_VISIBLE_DEVICES=0 python benchmarks/bench_domain_adaptation.py \\

@@ -129,7 +129,7 @@ class BareMNISTNet(nn.Module):
 
 
 def bare_losses(model, a, b, labels):
-    """Walker, visit and logit losses and the L2 penalty (METHOD.md)."""
+    """Walker, visit and logit losses and the L2 penalty, as in the paper."""
     match = a @ b.T
     p_ab = torch.softmax(match, dim=1)
     p_ba = torch.softmax(match.T, dim=1)
@@ -317,7 +317,8 @@ def parse_args(argv=None):
         "--json",
         default=None,
         help="where to write the results (default "
-        "benchmarks/results/speed_<device>.json)",
+        "benchmarks/results/speed_<device>.json, speed_<device>_<precision>.json "
+        "with --precision other than auto)",
     )
     return parser.parse_args(argv)
 
@@ -339,8 +340,11 @@ def main(argv=None):
     predict_rows = args.predict_rows or (100_000 if on_gpu else 20_000)
     eval_rows = args.eval_rows or (10_000 if on_gpu else 2_000)
     data_home = args.data_home or default_data_home()
+    # One file per precision asked for, so a bf16 run keeps the default one.
+    suffix = "" if args.precision == "auto" else f"_{args.precision}"
     json_path = Path(
-        args.json or REPO_ROOT / "benchmarks" / "results" / f"speed_{device.type}.json"
+        args.json
+        or REPO_ROOT / "benchmarks" / "results" / f"speed_{device.type}{suffix}.json"
     )
 
     x_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)

@@ -19,7 +19,7 @@ to the device, CUDA-graph capture and all training steps; prediction
 excluded).
 
 Parameters (``PARAMS``): the paper's STL-10 network (batch norm, ELU, L2
-5e-3, METHOD.md), 10 labeled images of every class and 100 unlabeled ones
+5e-3, as in the authors' code), 10 labeled images of every class and 100 unlabeled ones
 per step, walker and logit weights 1. The paper states neither the schedule
 nor the visit weight of its STL-10 run; the defaults of the authors'
 ``train.py`` are used: 100,000 steps of Adam at 1e-4 decayed by 0.33 every

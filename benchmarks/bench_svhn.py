@@ -16,10 +16,10 @@ standard deviation over the seeds and the median wall time of ``fit``
 steps; prediction excluded).
 
 Parameters (``PARAMS``): the paper's SVHN network, visit weight 0.25 and
-augmentation "paper" (METHOD.md); 10 labeled images of every class and 100
-unlabeled ones per step, walker and logit weights 1, L2 1e-4. The paper does
-not state its SVHN schedule; the defaults of the authors' ``train.py`` are
-used: 100,000 steps of Adam at 1e-4, decayed by 0.33 every 60,000 steps.
+augmentation "paper"; 10 labeled images of every class and 100 unlabeled
+ones per step, walker and logit weights 1, L2 1e-4. The paper does not state
+its SVHN schedule; the defaults of the authors' ``train.py`` are used:
+100,000 steps of Adam at 1e-4, decayed by 0.33 every 60,000 steps.
 ``--max-iter`` shortens the run and scales the decay interval alike.
 
 The SVHN files ``train_32x32.mat`` and ``test_32x32.mat`` (cropped digits,

@@ -97,13 +97,14 @@ fig.suptitle("One digit of every class in each domain")
 # %%
 # A network that standardises every image
 # ---------------------------------------
-# The network is the small convolutional network of ``digits_main.py`` (two
-# 3x3 convolutions, a max-pool and a 128-wide embedding, L2-normalised), with
-# one change: it standardises every image to zero mean and unit variance
-# first. That alone removes the target's grey paper and lower contrast, but
-# not its inversion: the standardised target digit is the *negative* of what
-# the source digit would be, and a network trained on bright strokes does not
-# recognise dark ones. The first model below shows how badly it fails.
+# The network is built like the small convolutional network of
+# ``digits_main.py`` (two 3x3 convolutions, a max-pool and a 128-wide
+# embedding, L2-normalised; its widths and temperature differ), and it
+# standardises every image to zero mean and unit variance first. That alone
+# removes the target's grey paper and lower contrast, but not its inversion:
+# the standardised target digit is the *negative* of what the source digit
+# would be, and a network trained on bright strokes does not recognise dark
+# ones. The first model below shows how badly it fails.
 #
 # The network's weights are initialised when it is built; the estimator
 # copies it, so building it under a fixed seed makes every fit repeatable.

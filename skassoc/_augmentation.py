@@ -1,9 +1,9 @@
 """Random image augmentation on the training device, per image and batched.
 
-The paper's augmentation (METHOD.md): a random affine map per image, whose
-2x2 part is ``I + 0.15 * N(0, 1)`` and whose translation is ``2 * N(0, 1)``
-pixels about the centre, with reflected borders, then a 7x7 Gaussian blur
-with probability 0.5, applied to both batches; later work added random
+The paper's augmentation (as in its authors' code): a random affine map per
+image, whose 2x2 part is ``I + 0.15 * N(0, 1)`` and whose translation is
+``2 * N(0, 1)`` pixels about the centre, with reflected borders, then a 7x7
+Gaussian blur with probability 0.5, applied to both batches; later work added random
 inversion ``|x - 255 b|``. The training step can leave the unlabeled batch
 as it is (setting ``unlabeled=False``).
 Everything is drawn with device random numbers and fixed shapes, so the

@@ -49,7 +49,7 @@ def xavier_init_(module):
     """Xavier-uniform weights and zero biases, the TF-slim default the paper used.
 
     The paper's MNIST numbers depend on it: with PyTorch's default init the
-    same recipe becomes unstable (METHOD.md).
+    same recipe becomes unstable (the paper and the authors' code).
     """
     for layer in module.modules():
         if isinstance(layer, (nn.Conv2d, nn.Linear)):

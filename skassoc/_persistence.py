@@ -115,10 +115,12 @@ def save_model(estimator, path):
         raise ValueError(
             "save_model can only save estimators with a built-in network "
             f"({sorted(NETWORKS)}); this one uses a custom torch.nn.Module, "
-            "whose code a model file cannot hold without pickle. Save the "
-            "weights with torch.save(estimator.model_.state_dict(), path) and, "
-            "to load them, build the module again and call "
-            "model.load_state_dict(torch.load(path, weights_only=True))."
+            "whose code a model file cannot hold without pickle. Pickle it "
+            "(trusted files only), or save the weights with "
+            "torch.save(estimator.model_.state_dict(), path); to load them, fit "
+            "an estimator with the same network for max_iter=1 on data of the "
+            "same shape and classes, then call estimator.model_.load_state_dict("
+            "torch.load(path, weights_only=True))."
         )
     weights = _weights_bytes(estimator.model_)
     params, tuple_params = _encode_params(estimator.get_params(deep=False))

@@ -8,8 +8,8 @@ import copy
 
 __all__ = ["RECIPES", "recipe_params"]
 
-# The paper's MNIST recipe exactly (METHOD.md): 20,000 steps of 10 labeled
-# samples per class and 100 unlabeled ones, Adam at 1e-3 decayed by 0.33
+# The paper's MNIST recipe exactly (paper and authors' code): 20,000 steps of
+# 10 labeled samples per class and 100 unlabeled ones, Adam at 1e-3 decayed by 0.33
 # every 5,000 steps, all loss weights 1, no augmentation.
 _PAPER = {
     "network": "mnist",
@@ -28,8 +28,8 @@ _PAPER = {
 RECIPES = {
     "paper": _PAPER,
     # The paper's recipe plus a mild random warp of the labeled batch only
-    # (affine noise 0.05, 1-pixel shifts, no blur; the unlabeled batch stays
-    # as it is): the best of the ablations in benchmarks/bench_mnist.py
+    # (affine noise 0.05, shifts of about a pixel, no blur; the unlabeled
+    # batch stays as it is), chosen among the ablations of bench_mnist.py
     # (MNIST, median of 5 label draws: 0.84% test error with 100 labels and
     # 0.58% with 1000, against 0.93% and 0.85% for "paper"). Augmenting the
     # unlabeled batch too, or the paper's stronger warp, sometimes lets the
@@ -43,7 +43,7 @@ RECIPES = {
             "unlabeled": False,
         },
     },
-    # Domain adaptation as in the authors' code (METHOD.md, SVHN -> MNIST):
+    # Domain adaptation as in the authors' code (SVHN -> MNIST):
     # the SVHN network on 32x32 colour inputs, 10 labeled source samples per
     # class and 1,000 unlabeled target samples a step, Adam at 1e-4 decayed
     # by 0.33 every 9,000 steps for 12,000 steps, and the walker and visit

@@ -13,7 +13,7 @@ from skassoc._losses import (
 )
 
 # ---------------------------------------------------------------------------
-# Reference: the formulas of METHOD.md, written out in float64 NumPy with
+# Reference: the paper's formulas, written out in float64 NumPy with
 # explicit loops where that keeps them obviously right.
 # ---------------------------------------------------------------------------
 
