@@ -1,5 +1,11 @@
 """Shared fixtures: small data sets and a fast estimator configuration."""
 
+import os
+
+# scikit-learn's check_array_api_input runs only with SciPy's array API
+# support switched on, which must happen before SciPy is first imported.
+os.environ.setdefault("SCIPY_ARRAY_API", "1")
+
 import types
 
 import numpy as np

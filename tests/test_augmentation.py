@@ -1,9 +1,12 @@
 import numpy as np
 import pytest
 import torch
+from sklearn.datasets import load_digits
 
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._augmentation import ImageAugmentation, resolve_augmentation
+from skassoc._batches import DeviceBatches
+from skassoc._networks import MNISTNet
 
 
 @pytest.fixture
@@ -81,8 +84,6 @@ def test_resolve_augmentation():
 
 
 def _digit_images(n=300):
-    from sklearn.datasets import load_digits
-
     X, y = load_digits(return_X_y=True)
     X = (X[:n] * 15).astype(np.uint8).reshape(-1, 8, 8)
     y = y[:n].copy()
@@ -90,25 +91,54 @@ def _digit_images(n=300):
     return X, y
 
 
-def test_fit_with_augmentation_on_images():
+def test_the_network_learns_from_the_augmented_images():
+    # Inversion of every image (and nothing else): trained only on inverted
+    # digits, the model must recognise inverted digits far better than the
+    # originals it never saw.
     X, y = _digit_images()
+    inverted_only = {
+        "affine_std": 0.0,
+        "translate_std": 0.0,
+        "blur_probability": 0.0,
+        "invert_probability": 1.0,
+    }
     clf = SemiSupervisedAssociationClassifier(
-        augmentation="paper", max_iter=5, device="cpu", random_state=0
-    )
-    assert clf.fit(X, y).predict(X).shape == (len(X),)
+        augmentation=inverted_only,
+        labeled_per_class=5,
+        max_iter=150,
+        device="cpu",
+        random_state=0,
+    ).fit(X, y)
+    X_all, y_all = load_digits(return_X_y=True)
+    X_all = (X_all * 15).astype(np.uint8).reshape(-1, 8, 8)
+    on_inverted = clf.score(255 - X_all, y_all)
+    assert on_inverted > 0.8
+    assert on_inverted - clf.score(X_all, y_all) > 0.3
 
 
 @pytest.mark.parametrize("unlabeled", [True, False])
 def test_unlabeled_setting_chooses_the_augmented_rows(monkeypatch, unlabeled):
+    # A stand-in augmentation that adds 1000 to every pixel it gets: the
+    # network must see each batch row as drawn, plus 1000 exactly where the
+    # setting asks for augmentation.
     X, y = _digit_images()
-    seen = []
-    forward = ImageAugmentation.forward
+    drawn, seen = [], []
+    draw_batch = DeviceBatches.batch
+    network_forward = MNISTNet.forward
 
-    def spy(self, x):
-        seen.append(x.shape[0])
-        return forward(self, x)
+    def record_draw(self):
+        batch = draw_batch(self)
+        drawn.append(batch.clone())
+        return batch
 
-    monkeypatch.setattr(ImageAugmentation, "forward", spy)
+    def record_input(self, x):
+        if self.training:
+            seen.append(x.clone())
+        return network_forward(self, x)
+
+    monkeypatch.setattr(DeviceBatches, "batch", record_draw)
+    monkeypatch.setattr(ImageAugmentation, "forward", lambda self, x: x + 1000.0)
+    monkeypatch.setattr(MNISTNet, "forward", record_input)
     clf = SemiSupervisedAssociationClassifier(
         augmentation={"unlabeled": unlabeled},
         labeled_per_class=2,
@@ -118,7 +148,12 @@ def test_unlabeled_setting_chooses_the_augmented_rows(monkeypatch, unlabeled):
         random_state=0,
     ).fit(X, y)
     n_labeled = 2 * len(clf.classes_)
-    assert seen == [n_labeled + 7 if unlabeled else n_labeled] * 3
+    # The batch is the labeled rows, then the unlabeled ones.
+    shift = torch.tensor([1000.0] * n_labeled + [1000.0 if unlabeled else 0.0] * 7)
+    assert len(seen) == len(drawn) == 3
+    for batch, network_input in zip(drawn, seen, strict=True):
+        expected = batch + shift.view(-1, 1, 1, 1)
+        torch.testing.assert_close(network_input, expected, rtol=0, atol=0)
 
 
 def test_augmentation_needs_images():

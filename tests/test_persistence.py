@@ -16,6 +16,7 @@ from sklearn.exceptions import NotFittedError
 from torch import nn
 
 import skassoc
+import skassoc._persistence
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._persistence import (
     FORMAT_NAME,
@@ -112,9 +113,18 @@ def test_round_trip_mlp(fitted_mlp, saved, digits):
     assert_same_model(loaded, fitted_mlp, digits[0])
 
 
-def test_default_device_is_auto(saved):
+def test_default_device_is_auto(saved, monkeypatch):
+    asked = []
+    resolve = skassoc._persistence.resolve_device
+
+    def record(device):
+        asked.append(device)
+        return resolve(device)
+
+    monkeypatch.setattr(skassoc._persistence, "resolve_device", record)
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert load_model(saved).device_.type == expected
+    assert asked == ["auto"]
 
 
 @pytest.mark.parametrize("kind", ["object", "unicode"])
@@ -237,12 +247,20 @@ def test_model_without_image_format_ignores_later_format_params(digits, tmp_path
     np.testing.assert_array_equal(loaded.predict_proba(images), expected)
 
 
-def test_loaded_model_can_warm_start_and_be_cloned(saved, digits):
+def test_loaded_model_can_warm_start_and_be_cloned(saved, digits, fitted_mlp):
     X, y = digits
     loaded = load_model(saved, device="cpu")
     assert clone(loaded).get_params() == loaded.get_params()
     loaded.set_params(warm_start=True, max_iter=10).fit(X, y)
     assert loaded.n_iter_ == 10
+    # It continued from the saved weights, as the original would have.
+    original = copy.deepcopy(fitted_mlp).set_params(warm_start=True, max_iter=10)
+    original.fit(X, y)
+    np.testing.assert_allclose(
+        loaded.predict_proba(X), original.predict_proba(X), atol=1e-6
+    )
+    fresh = clone(loaded).set_params(warm_start=False).fit(X, y)
+    assert not np.allclose(loaded.predict_proba(X), fresh.predict_proba(X))
 
 
 def test_metadata_is_plain_json(fitted_mlp, saved):

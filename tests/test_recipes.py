@@ -55,4 +55,12 @@ def test_every_recipe_trains_on_small_images(name, torch_single_thread):
     clf = SemiSupervisedAssociationClassifier(**params, device="cpu", random_state=0)
     clf.fit(X, y_semi)
     assert clf.n_iter_ == 2
-    assert clf.predict(X[:5]).shape == (5,)
+    assert clf.network_ == params["network"]
+    assert np.isfinite(clf.history_["total"]).all()
+    # The two steps changed the weights it started from.
+    untrained = SemiSupervisedAssociationClassifier(
+        **{**params, "max_iter": 1, "learning_rate": 1e-12},
+        device="cpu",
+        random_state=0,
+    ).fit(X, y_semi)
+    assert not np.allclose(clf.transform(X[:20]), untrained.transform(X[:20]))
