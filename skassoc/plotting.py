@@ -8,6 +8,8 @@ matplotlib is not a dependency of skassoc; these functions import it when
 they are called.
 """
 
+import numbers
+
 import numpy as np
 import torch
 from sklearn.utils.validation import check_is_fitted
@@ -32,6 +34,14 @@ def _import_matplotlib():
             "it with `pip install matplotlib` (or `pip install skassoc[examples]`)."
         ) from exc
     return matplotlib
+
+
+def _positive_int(value, name):
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a positive int; got {value!r}.")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}.")
+    return int(value)
 
 
 def _image_shape(X, estimator, image_shape):
@@ -198,8 +208,15 @@ def plot_association_graph(
     check_is_fitted(estimator)
     matplotlib = _import_matplotlib()
     plt = matplotlib.pyplot
+    if max_lines is not None:
+        max_lines = _positive_int(max_lines, "max_lines")
 
     y_labeled = np.asarray(y_labeled)
+    if y_labeled.ndim != 1:
+        raise ValueError(
+            f"y_labeled must be 1-D (one class per sample); got shape "
+            f"{y_labeled.shape}."
+        )
     if y_labeled.shape[0] != len(X_labeled):
         raise ValueError(
             f"y_labeled has {y_labeled.shape[0]} labels for {len(X_labeled)} "
@@ -229,9 +246,14 @@ def plot_association_graph(
 
     width = max(n_labeled, n_unlabeled)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(min(max(6.0, 0.4 * width + 1.2), 20.0), 3.6))
-        fig.subplots_adjust(left=0.12, right=0.98, top=0.97, bottom=0.1)
-    fig = ax.figure
+        fig_width = min(max(6.0, 0.4 * width + 1.2), 20.0)
+        fig, ax = plt.subplots(figsize=(fig_width, 3.6))
+        # About an inch on the left for the row labels ("unlabeled B").
+        fig.subplots_adjust(left=1.05 / fig_width, right=0.98, top=0.97, bottom=0.1)
+    # The figure of a subfigure's axes is the subfigure, whose own ``figure``
+    # is the root one (a Figure's is itself): sizes and the result are those
+    # of the root figure.
+    fig = ax.figure.figure
 
     # Rows from the top, as in the paper: A, B, then A again ("round trip").
     row_y = {"A": 2.0, "B": 1.0, "A back": 0.0}
@@ -362,6 +384,13 @@ def plot_nearest_neighbors(
     plt = matplotlib.pyplot
 
     X_query, X_pool = np.asarray(X_query), np.asarray(X_pool)
+    n_neighbors = _positive_int(n_neighbors, "n_neighbors")
+    for name, labels, X in (("y_query", y_query, X_query), ("y_pool", y_pool, X_pool)):
+        if labels is not None and np.shape(labels) != (len(X),):
+            raise ValueError(
+                f"{name} must hold one label per image ({len(X)}); got shape "
+                f"{np.shape(labels)}."
+            )
     if not 1 <= n_neighbors <= len(X_pool):
         raise ValueError(
             f"n_neighbors must be between 1 and the pool size {len(X_pool)}; "

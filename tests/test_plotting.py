@@ -147,6 +147,35 @@ def test_association_graph_checks_label_count(batches):
     clf, X_labeled, y_labeled, X_unlabeled = batches
     with pytest.raises(ValueError, match="labels for"):
         plot_association_graph(clf, X_labeled, y_labeled[:-1], X_unlabeled)
+    with pytest.raises(ValueError, match="must be 1-D"):
+        plot_association_graph(clf, X_labeled, y_labeled[:, None], X_unlabeled)
+
+
+@pytest.mark.parametrize("max_lines", [0, -5, 2.5, True])
+def test_association_graph_checks_max_lines(batches, max_lines):
+    clf, X_labeled, y_labeled, X_unlabeled = batches
+    with pytest.raises(ValueError, match="max_lines must be a positive int"):
+        plot_association_graph(
+            clf, X_labeled, y_labeled, X_unlabeled, max_lines=max_lines
+        )
+
+
+def test_association_graph_row_labels_fit_in_the_figure(batches):
+    clf, X_labeled, y_labeled, X_unlabeled = batches
+    fig = plot_association_graph(clf, X_labeled[:4], y_labeled[:4], X_unlabeled[:4])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for label in fig.axes[0].get_yticklabels():
+        assert label.get_window_extent(renderer).x0 >= 0, label.get_text()
+
+
+def test_association_graph_in_a_subfigure(batches):
+    clf, X_labeled, y_labeled, X_unlabeled = batches
+    root = plt.figure(figsize=(10, 4))
+    ax = root.subfigures(1, 2)[0].subplots()
+    fig = plot_association_graph(clf, X_labeled, y_labeled, X_unlabeled, ax=ax)
+    assert fig is root
+    assert [a for a in ax.artists if isinstance(a, AnnotationBbox)]
 
 
 def test_nearest_neighbors_shows_sorted_cosine_similarities(
@@ -202,6 +231,21 @@ def test_nearest_neighbors_checks_n_neighbors(images_fitted):
     clf, X, _ = images_fitted
     with pytest.raises(ValueError, match="n_neighbors"):
         plot_nearest_neighbors(clf, X[:2], X[2:5], n_neighbors=4)
+    for bad in (2.5, True, "3", 0):
+        with pytest.raises(ValueError, match="n_neighbors must be a positive int"):
+            plot_nearest_neighbors(clf, X[:2], X[2:5], n_neighbors=bad)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [{"y_query": slice(0, 1)}, {"y_pool": slice(2, 5)}, {"y_pool": slice(0, 60)}],
+)
+def test_nearest_neighbors_checks_label_counts(images_fitted, labels):
+    clf, X, y = images_fitted
+    kwargs = {"y_query": y[:2], "y_pool": y[2:50]}
+    kwargs.update({name: y[rows] for name, rows in labels.items()})
+    with pytest.raises(ValueError, match="one label per image"):
+        plot_nearest_neighbors(clf, X[:2], X[2:50], n_neighbors=3, **kwargs)
 
 
 def test_unfitted_estimator_is_rejected(digits_images):
