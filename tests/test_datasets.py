@@ -245,6 +245,12 @@ def test_load_mnist_wrong_content(tmp_path):
     with pytest.raises(ValueError, match="does not hold MNIST labels"):
         load_mnist("test", data_home=tmp_path)
 
+    labels = labels.copy()
+    labels[2] = 200
+    (tmp_path / TEST_FILES[1]).write_bytes(idx_bytes(labels))
+    with pytest.raises(ValueError, match="expected digits 0-9, got 200"):
+        load_mnist("test", data_home=tmp_path)
+
 
 def test_load_mnist_invalid_subset(tmp_path):
     with pytest.raises(ValueError, match="subset must be one of"):
@@ -465,12 +471,26 @@ def test_load_svhn_missing(no_env, tmp_path):
         ({"y": np.ones((7, 2), np.uint8)}, r"expected 'y' of shape \(7, 1\)"),
         ({"y": np.zeros((7, 1), np.uint8)}, "labels 1-10"),
         ({"y": np.full((7, 1), 11.0)}, "labels 1-10"),
-        ({"y": np.full((7, 1), 1.5)}, "labels 1-10"),
+        (
+            {"y": np.full((7, 1), 1.5)},
+            r"labels 1-10 in 'y', got 7 other value\(s\), e.g. \[1.5",
+        ),
+        ({"y": np.full((7, 1), np.nan)}, "labels 1-10"),
     ],
 )
 def test_load_svhn_invalid(tmp_path, overrides, match):
     write_svhn(tmp_path, **overrides)
     with pytest.raises(ValueError, match=match):
+        load_svhn(data_home=tmp_path)
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.05, 0.5, 0.99])
+def test_load_svhn_truncated(tmp_path, keep):
+    write_svhn(tmp_path)
+    path = tmp_path / "train_32x32.mat"
+    content = path.read_bytes()
+    path.write_bytes(content[: int(len(content) * keep)])
+    with pytest.raises(ValueError, match="train_32x32.mat.*download it again"):
         load_svhn(data_home=tmp_path)
 
 
@@ -557,6 +577,12 @@ def test_semi_supervised_errors():
         make_semi_supervised_labels(np.array([0, 1, -1]), 1)
     with pytest.raises(ValueError, match="already contains the unlabeled marker"):
         make_semi_supervised_labels(["a", "b", "?"], 1, unlabeled_label="?")
+    # The estimator reads "-1" in string labels as unlabeled too.
+    for strings in (np.array(["a", "-1", "b"]), np.array(["a", "-1", "b"], object)):
+        with pytest.raises(ValueError, match="unlabeled marker '-1'"):
+            make_semi_supervised_labels(strings, 1)
+    with pytest.raises(ValueError, match="all strings or all numbers"):
+        make_semi_supervised_labels(np.array(["a", 1, "a", 1], object), 1)
     for bad in (0, -2, 1.5, True, "3"):
         with pytest.raises(ValueError, match="labeled_per_class must be"):
             make_semi_supervised_labels(y, bad)

@@ -186,6 +186,8 @@ def test_synthetic_digits_invalid_fonts(tmp_path):
     with pytest.raises(ValueError, match="does not exist") as excinfo:
         make_synthetic_digits(5, fonts=[missing])
     assert missing in str(excinfo.value)
+    with pytest.raises(ValueError, match="is a folder"):
+        make_synthetic_digits(5, fonts=[str(tmp_path)])
 
     not_a_font = tmp_path / "notes.ttf"
     not_a_font.write_text("not a font")
@@ -321,6 +323,7 @@ def test_mnist_m_invalid_images(images, match):
         ([np.zeros((1, 40, 40), np.uint8)], r"shape \(3, height, width\)"),
         ([np.zeros((3, 40, 20), np.uint8)], "smaller than the images"),
         (np.zeros((2, 3, 40, 40), np.float32), "integer pixel values 0-255"),
+        (np.full((2, 3, 40, 40), 300), "values 0-255, got values from 300 to 300"),
         ([], "textures is empty"),
     ],
 )

@@ -523,8 +523,9 @@ def _resolve_fonts(fonts, resolution):
         )
     for spec in specs:
         if spec != DEFAULT_FONT and not os.path.isfile(spec):
+            problem = "is a folder" if os.path.isdir(spec) else "does not exist"
             raise ValueError(
-                f"The font file {spec!r} does not exist; pass the paths of "
+                f"The font file {spec!r} {problem}; pass the paths of "
                 "existing .ttf, .otf or .ttc files, or None to use the fonts "
                 "found on this machine."
             )
@@ -934,10 +935,15 @@ def _check_textures(textures, height, width):
                 "large as the images, since patches of their size are cut out "
                 "of it."
             )
-        if texture.dtype.kind not in "ui" or texture.min() < 0 or texture.max() > 255:
+        if texture.dtype.kind not in "ui":
             raise ValueError(
                 f"textures[{k}] must hold integer pixel values 0-255 (uint8), "
                 f"got {texture.dtype} data instead."
+            )
+        if texture.size and (texture.min() < 0 or texture.max() > 255):
+            raise ValueError(
+                f"textures[{k}] must hold pixel values 0-255, got values from "
+                f"{texture.min()} to {texture.max()}."
             )
     return [texture.astype(np.uint8, copy=False) for texture in textures]
 

@@ -87,14 +87,28 @@ def make_semi_supervised_labels(
     y_semi = y.astype(dtype, copy=True)
 
     # Compare in the output dtype: comparing a str array with an int marker
-    # is not an elementwise operation in numpy.
-    if np.any(y_semi == unlabeled_label):
-        raise ValueError(
-            f"y already contains the unlabeled marker {unlabeled_label!r}; "
-            "pass a fully labeled y or a different unlabeled_label."
-        )
+    # is not an elementwise operation in numpy. The estimator also reads the
+    # string "-1" as unlabeled in string and object labels.
+    markers = [unlabeled_label]
+    if numeric_marker and unlabeled_label == -1 and y.dtype.kind in "USO":
+        markers.append("-1")
+    for marker in markers:
+        if np.any(y_semi == marker):
+            raise ValueError(
+                f"y already contains the unlabeled marker {marker!r}; "
+                "pass a fully labeled y or a different unlabeled_label."
+            )
 
-    classes, y_indices, counts = np.unique(y, return_inverse=True, return_counts=True)
+    try:
+        classes, y_indices, counts = np.unique(
+            y, return_inverse=True, return_counts=True
+        )
+    except TypeError as exc:
+        kinds = sorted({type(v).__name__ for v in y})
+        raise ValueError(
+            "The labels of y must be all strings or all numbers; got a mix of "
+            f"{', '.join(kinds)}. Convert them to one type, e.g. y.astype(str)."
+        ) from exc
     too_small = counts < labeled_per_class
     if np.any(too_small):
         details = ", ".join(

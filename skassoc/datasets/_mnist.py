@@ -405,6 +405,11 @@ def load_mnist(
             f"{images_path!r} holds {images.shape[0]} images but "
             f"{labels_path!r} holds {labels.shape[0]} labels."
         )
+    if labels.size and labels.max() > 9:
+        raise ValueError(
+            f"{labels_path!r} does not hold MNIST labels: expected digits 0-9, "
+            f"got {int(labels.max())}; the file may be corrupted."
+        )
     target = labels.astype(np.int64)
 
     if return_X_y:

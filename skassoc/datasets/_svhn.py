@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 from scipy.io import loadmat
+from scipy.io.matlab import MatReadError
 from sklearn.utils import Bunch
 
 from ._data_home import resolve_data_home
@@ -117,7 +118,15 @@ def load_svhn(subset="train", *, data_home=None, return_X_y=False):
             "environment variable to the folder that holds it."
         )
 
-    mat = loadmat(path, variable_names=["X", "y"])
+    try:
+        mat = loadmat(path, variable_names=["X", "y"])
+    except (MatReadError, OSError, ValueError, TypeError) as exc:
+        # scipy's errors for truncated or foreign files do not name the file.
+        raise ValueError(
+            f"{path!r} is not a readable MATLAB file ({type(exc).__name__}: "
+            f"{exc}); it may be truncated or corrupted: download it again from "
+            f"{_URL}."
+        ) from exc
     if "X" not in mat or "y" not in mat:
         raise ValueError(
             f"{path!r} does not hold SVHN data: expected variables 'X' and "
@@ -138,10 +147,12 @@ def load_svhn(subset="train", *, data_home=None, return_X_y=False):
             f"({n_samples}, 1) to match 'X', got shape {y.shape}."
         )
     y = y.ravel()
-    if y.size and not (np.all(y == np.round(y)) and y.min() >= 1 and y.max() <= 10):
+    bad = ~np.isin(y, np.arange(1, 11))
+    if bad.any():
         raise ValueError(
             f"{path!r} does not hold SVHN labels: expected integer labels "
-            f"1-10 in 'y', got values from {y.min()} to {y.max()}."
+            f"1-10 in 'y', got {bad.sum()} other value(s), e.g. "
+            f"{y[bad][:3].tolist()}."
         )
 
     target = y.astype(np.int64) % 10
