@@ -71,6 +71,8 @@ from skassoc.datasets import (  # noqa: E402
     make_synthetic_digits,
 )
 
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
 PAIRS = {
     "synth-mnist": {
         "title": "synthetic digits -> MNIST",
@@ -189,17 +191,43 @@ def parse_args(argv=None):
     parser.add_argument(
         "--merge", nargs="+", default=None, help="merge these result files and exit"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds holds a seed twice: {args.seeds}")
+    return args
+
+
+def _as_list(value):
+    return value if isinstance(value, list) else [value]
 
 
 def merge(paths, out):
+    """Join result files (e.g. one per GPU) into one, refusing mixed settings."""
     parts = [json.loads(open(path).read()) for path in paths]
-    runs = [run for part in parts for run in part["runs"]]
-    records, text = table(runs)
+    arguments = [part.get("args") for part in parts]
+    for name in ("max_iter", "source_size"):
+        values = {args[name] for args in arguments if args and name in args}
+        if len(values) > 1:
+            sys.exit(f"cannot merge runs made with different --{name}: {values}")
+    runs = {}
+    for path, part in zip(paths, parts, strict=True):
+        for run in part["runs"]:
+            key = (run["pair"], run["condition"], run["seed"])
+            if key in runs and runs[key].get("params") != run.get("params"):
+                sys.exit(f"{path} holds another run of {key} with other parameters")
+            runs[key] = run  # the same run twice (a file merged again) counts once
+    records, text = table(list(runs.values()))
+    environments = [env for part in parts for env in _as_list(part["environment"])]
+    if out is None:
+        device_types = {env.get("device_type") for env in environments}
+        if len(device_types) != 1:
+            sys.exit(f"runs from devices {device_types}: name the result file, --out")
+        out = RESULTS_DIR / f"domain_adaptation_{device_types.pop()}.json"
     merged = {
         "benchmark": "domain_adaptation",
-        "environment": [part["environment"] for part in parts],
-        "runs": runs,
+        "environment": environments,
+        "args": [a for args in arguments if args for a in _as_list(args)],
+        "runs": list(runs.values()),
         "table": records,
     }
     write_json(out, merged)
@@ -209,14 +237,11 @@ def merge(paths, out):
 
 def main(argv=None):
     args = parse_args(argv)
-    default_out = REPO_ROOT / "benchmarks" / "results" / "domain_adaptation_cuda.json"
     if args.merge:
-        return merge(args.merge, args.out or default_out)
+        return merge(args.merge, args.out)
     device = resolve_device(args.device)
     args.data_home = args.data_home or default_data_home()
-    out = args.out or REPO_ROOT / "benchmarks" / "results" / (
-        f"domain_adaptation_{device.type}.json"
-    )
+    out = args.out or RESULTS_DIR / f"domain_adaptation_{device.type}.json"
     results = {
         "benchmark": "domain_adaptation",
         "environment": environment(device),

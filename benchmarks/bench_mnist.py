@@ -76,6 +76,7 @@ estimate; with ``--shard I/N`` one process per GPU, then ``--merge``)::
 
 import argparse
 import copy
+import datetime
 import hashlib
 import json
 import math
@@ -284,7 +285,7 @@ class Plan:
         self.jobs = {}  # signature -> {"config": ..., "keys": [...]}
 
     def add_row(self, part, setting, labels, draws, config_of_draw, title, paper):
-        keys = []
+        keys, signatures = [], []
         for draw in range(draws):
             key = f"{part}/{setting}/{labels}/{draw}"
             config = config_of_draw(draw)
@@ -292,6 +293,7 @@ class Plan:
             job = self.jobs.setdefault(signature, {"config": config, "keys": []})
             job["keys"].append(key)
             keys.append(key)
+            signatures.append(signature)
         self.rows.append(
             {
                 "part": part,
@@ -301,6 +303,8 @@ class Plan:
                 "paper": paper,
                 "draws": draws,
                 "keys": keys,
+                # What each key's run must have been trained with to count.
+                "signatures": signatures,
             }
         )
 
@@ -615,7 +619,17 @@ def fmt_err(value):
 
 
 def row_stats(row, runs):
-    done = [runs[k] for k in row["keys"] if k in runs and runs[k].get("status") == "ok"]
+    # A run left from other settings (an earlier --resume source, another
+    # --max-iter) has another signature and does not count; rows written
+    # before signatures were recorded accept any finished run.
+    expected = row.get("signatures") or [None] * len(row["keys"])
+    done = [
+        runs[key]
+        for key, signature in zip(row["keys"], expected, strict=True)
+        if key in runs
+        and runs[key].get("status") == "ok"
+        and signature in (None, runs[key].get("signature"))
+    ]
     errors = np.array([r["test_error_percent"] for r in done], dtype=float)
     seconds = np.array([r["fit_seconds"] for r in done], dtype=float)
     n = len(done)
@@ -806,8 +820,20 @@ class Output:
         return rst
 
 
+def _started(record):
+    try:
+        return datetime.datetime.strptime(record["started"], "%Y-%m-%d %H:%M:%S %z")
+    except (KeyError, TypeError, ValueError):
+        return datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+
+
 def load_results(paths):
-    """Runs and rows of earlier JSON files (later files win on conflicts)."""
+    """Runs and rows of earlier JSON files.
+
+    For a key held by several files, a finished run beats a failed one and,
+    among finished runs, the one trained last wins: shards resumed from one
+    file each carry the others' old runs beside their own fresh ones.
+    """
     runs, rows, metas = {}, [], []
     for path in paths:
         with open(path) as f:
@@ -815,24 +841,33 @@ def load_results(paths):
         metas.append(old.get("meta", {}))
         for key, record in old.get("runs", {}).items():
             current = runs.get(key)
+            ok, current_ok = (
+                record.get("status") == "ok",
+                (current or {}).get("status") == "ok",
+            )
             if (
                 current is None
-                or current.get("status") != "ok"
-                or record.get("status") == "ok"
+                or (ok and not current_ok)
+                or (ok == current_ok and _started(record) >= _started(current))
             ):
                 runs[key] = record
         rows = merge_rows(rows, old.get("rows", []))
     return runs, rows, metas
 
 
-def merge_rows(rows, new_rows):
+def merge_rows(rows, new_rows, prefer_new=False):
+    """Rows of both lists, one per (part, setting, labels).
+
+    With ``prefer_new`` (the current run's plan) a new row replaces an old
+    one; otherwise the row with more draws is kept.
+    """
     seen = {(r["part"], r["setting"], r["labels"]): i for i, r in enumerate(rows)}
     rows = list(rows)
     for row in new_rows:
         ident = (row["part"], row["setting"], row["labels"])
         if ident in seen:
             old = rows[seen[ident]]
-            if row["draws"] > old["draws"]:
+            if prefer_new or row["draws"] > old["draws"]:
                 rows[seen[ident]] = row
         else:
             seen[ident] = len(rows)
@@ -1074,7 +1109,7 @@ def main(argv=None):
                     )
         else:
             print("nothing to resume from; starting afresh", flush=True)
-    results["rows"] = merge_rows(results["rows"], plan.rows)
+    results["rows"] = merge_rows(results["rows"], plan.rows, prefer_new=True)
     print(
         f"device: {meta['device']} | torch {meta['torch']} | sklearn "
         f"{meta['sklearn']} | train {meta['n_train']} | eval {meta['n_eval']} | "

@@ -22,7 +22,8 @@ section of its own (``--sections``):
     embedded in chunks with activation checkpointing.
 ``memmap``
     An unlabeled pool of ``--pool-size`` images (MNIST's training images
-    repeated, each copy shifted by a pixel or two so no two rows are equal)
+    repeated, each copy rolled by a random shift of up to two pixels; with
+    25 possible shifts, some copies share one and repeat earlier rows)
     written to a ``numpy.memmap`` on disk, plus the 100 labeled images.
     ``fit`` gathers each batch from the file on the host; the pool is never
     copied whole into memory or onto the GPU. Reported: file size, ms per
@@ -342,7 +343,11 @@ def parse_args(argv=None):
     parser.add_argument("--pool-dir", default=None, help="default: a temporary folder")
     parser.add_argument("--memmap-steps", type=int, default=2000)
     parser.add_argument("--json", default=None)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.batch_steps <= 3:
+        # The step time is the difference to a 3-step fit of the same shape.
+        parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
+    return args
 
 
 def main(argv=None):

@@ -171,12 +171,15 @@ def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
         walker, visit, logit, l2 = bare_losses(
             model, emb[: len(lab)], emb[len(lab) :], labels
         )
-        loss = walker + visit + logit + l2
+        association = walker + visit + logit
+        loss = association + l2
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         scheduler.step()
-        losses.append(loss.item())
+        # Without the L2 term, like skassoc's history_ (where L2 is Adam's
+        # weight decay), so that the two final losses compare.
+        losses.append(association.item())
     synchronize(device)
     return model, time.perf_counter() - start, losses
 

@@ -85,3 +85,59 @@ def test_tiny_run_records_rows_and_confusions(
     improved = runs["recipes/improved/100/0"]
     assert "ablations/+mild labeled augmentation/100/0" in improved["shared_with"]
     assert "+mild labeled augmentation" in (tmp_path / "mnist.rst").read_text()
+
+
+def _run(key, signature, error, started):
+    return {
+        "key": key,
+        "signature": signature,
+        "status": "ok",
+        "test_error_percent": error,
+        "fit_seconds": 1.0,
+        "started": started,
+    }
+
+
+def test_rows_count_only_runs_of_their_own_settings(bench_mnist):
+    row = {
+        "keys": ["t/paper/100/0", "t/paper/100/1"],
+        "signatures": ["new0", "new1"],
+        "draws": 2,
+    }
+    runs = {
+        "t/paper/100/0": _run(
+            "t/paper/100/0", "new0", 1.0, "2026-01-02 00:00:00 +0000"
+        ),
+        # Left from a resumed file trained with other settings.
+        "t/paper/100/1": _run(
+            "t/paper/100/1", "old1", 9.0, "2026-01-01 00:00:00 +0000"
+        ),
+    }
+    stats = bench_mnist.row_stats(row, runs)
+    assert stats["runs"] == 1 and stats["planned"] == 2
+    assert stats["errors"] == [1.0]
+    # Rows written before signatures were recorded take any finished run.
+    legacy = {key: value for key, value in row.items() if key != "signatures"}
+    assert bench_mnist.row_stats(legacy, runs)["errors"] == [1.0, 9.0]
+
+
+def test_merging_shards_keeps_the_runs_trained_last(bench_mnist, tmp_path):
+    # Each shard resumed from one file carries the other shard's old run.
+    old = _run("k/0", "old", 9.0, "2026-01-01 00:00:00 +0000")
+    fresh = _run("k/0", "new", 1.0, "2026-01-02 00:00:00 +0000")
+    for name, record in [("r0.json", fresh), ("r1.json", old)]:
+        (tmp_path / name).write_text(json.dumps({"runs": {"k/0": record}, "rows": []}))
+    runs, _, _ = bench_mnist.load_results([tmp_path / "r0.json", tmp_path / "r1.json"])
+    assert runs["k/0"]["signature"] == "new"
+    failed = {**_run("k/0", "newer", 2.0, "2026-01-03 00:00:00 +0000")}
+    failed["status"] = "error"
+    (tmp_path / "r2.json").write_text(json.dumps({"runs": {"k/0": failed}, "rows": []}))
+    runs, _, _ = bench_mnist.load_results([tmp_path / "r0.json", tmp_path / "r2.json"])
+    assert runs["k/0"]["signature"] == "new"  # a finished run beats a failed one
+
+
+def test_the_current_plan_replaces_older_rows(bench_mnist):
+    old = {"part": "t", "setting": "paper", "labels": "100", "draws": 5, "keys": []}
+    new = {**old, "draws": 2}
+    assert bench_mnist.merge_rows([old], [new]) == [old]
+    assert bench_mnist.merge_rows([old], [new], prefer_new=True) == [new]
