@@ -204,18 +204,28 @@ def _as_list(value):
 def merge(paths, out):
     """Join result files (e.g. one per GPU) into one, refusing mixed settings."""
     parts = [json.loads(open(path).read()) for path in paths]
-    arguments = [part.get("args") for part in parts]
+    # A merged file holds the args of each file it was made from.
+    arguments = [a for part in parts for a in _as_list(part.get("args")) if a]
     for name in ("max_iter", "source_size"):
-        values = {args[name] for args in arguments if args and name in args}
+        values = {args[name] for args in arguments if name in args}
         if len(values) > 1:
-            sys.exit(f"cannot merge runs made with different --{name}: {values}")
+            flag = "--" + name.replace("_", "-")
+            sys.exit(f"cannot merge runs made with different {flag}: {values}")
     runs = {}
     for path, part in zip(paths, parts, strict=True):
         for run in part["runs"]:
             key = (run["pair"], run["condition"], run["seed"])
-            if key in runs and runs[key].get("params") != run.get("params"):
+            earlier = runs.get(key)
+            if earlier is not None and earlier.get("params") != run.get("params"):
                 sys.exit(f"{path} holds another run of {key} with other parameters")
-            runs[key] = run  # the same run twice (a file merged again) counts once
+            # The same run twice (a file merged again) counts once; a
+            # finished run beats a failed one.
+            if (
+                earlier is None
+                or run.get("status") == "ok"
+                or earlier.get("status") != "ok"
+            ):
+                runs[key] = run
     records, text = table(list(runs.values()))
     environments = [env for part in parts for env in _as_list(part["environment"])]
     if out is None:
@@ -226,7 +236,7 @@ def merge(paths, out):
     merged = {
         "benchmark": "domain_adaptation",
         "environment": environments,
-        "args": [a for args in arguments if args for a in _as_list(args)],
+        "args": arguments,
         "runs": list(runs.values()),
         "table": records,
     }

@@ -60,7 +60,7 @@ def resolve_augmentation(augmentation):
             raise ValueError(
                 f"augmentation[{name!r}] must be a finite number >= 0; got {value!r}."
             )
-    if settings["blur_sigma"] == 0:
+    if settings["blur_sigma"] == 0 and settings["blur_probability"] > 0:
         raise ValueError(
             "augmentation['blur_sigma'] must be > 0 (the width of the blur); to "
             "switch the blur off, set augmentation['blur_probability'] = 0."

@@ -234,7 +234,10 @@ def _encode_fitted(estimator):
 def _encode_input_format(input_format):
     if not isinstance(input_format, ImageFormat):
         return None
-    return {"size": _to_json(input_format.size), "channels": input_format.channels}
+    return {
+        "size": _to_json(input_format.size),
+        "channels": _to_json(input_format.channels),
+    }
 
 
 def _hidden_layer_sizes(embedder):
@@ -450,7 +453,8 @@ def _rebuild(metadata, weights, device):
     model = _build_model(
         network,
         network_shape,
-        n_features,
+        # The MLP was built for the images as the format makes them.
+        math.prod(network_shape) if network_shape is not None else n_features,
         embedding_dim,
         hidden,
         classes,

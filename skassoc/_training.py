@@ -335,11 +335,16 @@ def _keep_lr_tensor(optimizer, lr_tensors):
 
 
 def _capture(step, scheduler, n_warmup):
-    """Run ``n_warmup`` eager steps on a side stream, then capture one step."""
+    """Run ``n_warmup`` eager steps on a side stream, then capture one step.
+
+    Returns the graph and the learning rate of the last warm-up step.
+    """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    last_rate = None
     with torch.cuda.stream(side):
         for _ in range(n_warmup):
+            last_rate = float(scheduler.get_last_lr()[0])  # this step's rate
             step.prefetch()
             step()
             scheduler.step()
@@ -353,7 +358,7 @@ def _capture(step, scheduler, n_warmup):
         graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"
     ):
         step()
-    return graph
+    return graph, last_rate
 
 
 def train(model, batches, config, device):
@@ -424,7 +429,7 @@ def _train(model, batches, config, device):
     )
     logged_until = 0
 
-    def read_losses(completed):
+    def read_losses(completed, learning_rate=None):
         nonlocal logged_until
         n_steps = completed - logged_until
         if n_steps <= 0:
@@ -442,7 +447,9 @@ def _train(model, batches, config, device):
         means = [value / n_steps for value in sums]
         history["step"].append(completed)
         # Called before the scheduler steps: the rate of the last step run.
-        history["learning_rate"].append(float(scheduler.get_last_lr()[0]))
+        if learning_rate is None:
+            learning_rate = float(scheduler.get_last_lr()[0])
+        history["learning_rate"].append(learning_rate)
         for name, value in zip(LOSS_NAMES, means, strict=True):
             history[name].append(value)
         logged_until = completed
@@ -452,13 +459,14 @@ def _train(model, batches, config, device):
         )
 
     graph = None
+    warmup_rate = None  # the eager path's losses are read inside its loop
     completed = 0
     try:
         lock = cuda_rng_lock(device)
         if use_graph:
             n_warmup = min(_GRAPH_WARMUP_STEPS, config.max_iter)
             with lock:
-                graph = _capture(step, scheduler, n_warmup)
+                graph, warmup_rate = _capture(step, scheduler, n_warmup)
             _keep_lr_tensor(optimizer, lr_tensors)
             completed = n_warmup
         while completed < config.max_iter:
@@ -475,8 +483,9 @@ def _train(model, batches, config, device):
             if use_graph:
                 _keep_lr_tensor(optimizer, lr_tensors)
         # A run no longer than the graph's eager warm-up never enters the
-        # loop: its losses still need reading (and checking for NaN).
-        read_losses(completed)
+        # loop: its losses still need reading (and checking for NaN), with
+        # the rate of its last step (the scheduler has stepped past it).
+        read_losses(completed, warmup_rate)
     except KeyboardInterrupt:
         if device.type == "cuda":
             torch.cuda.synchronize(device)

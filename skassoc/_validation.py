@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
+    check_array,
     check_consistent_length,
     column_or_1d,
     validate_data,
@@ -85,13 +86,25 @@ def validate_memory_map(estimator, X, y):
             f"X is a memory map of dtype {X.dtype}; store numbers (uint8 or "
             "float32, ideally) to train on it."
         )
+    if any(step < 0 for step in X.strides):
+        raise ValueError(
+            "X is a reversed view of a memory map (negative strides, e.g. "
+            "X[::-1]), which cannot be read in place: pass the map itself (and "
+            "reorder y to match), or np.ascontiguousarray(X) to load it into "
+            "memory."
+        )
     # Sets n_features_in_ and checks what one sample can tell.
     first = np.asarray(X[:1]).reshape(min(len(X), 1), math.prod(X.shape[1:]))
     validate_data(estimator, first, dtype=None)
+    if y is None:
+        raise ValueError(
+            f"{type(estimator).__name__} requires y to be passed, but the target "
+            "y is None."
+        )
     y = column_or_1d(y, warn=True)
     check_consistent_length(X, y)
-    if y.dtype.kind == "f" and not np.isfinite(y).all():
-        raise ValueError("Input y contains NaN or infinity.")
+    # The same finiteness check as validate_data's for y.
+    y = check_array(y, ensure_2d=False, dtype=None, input_name="y")
     if X.dtype.kind == "f":
         _check_finite_in_chunks(X)
     return y
@@ -275,16 +288,17 @@ def encode_semi_supervised_labels(y):
             "Every label in y is -1 (unlabeled). Association training needs "
             "labeled samples of at least two classes."
         )
-    try:
-        check_classification_targets(y[labeled])
-        classes, encoded_labeled = np.unique(y[labeled], return_inverse=True)
-    except TypeError as exc:
-        kinds = sorted({type(v).__name__ for v in y[labeled]})
-        raise ValueError(
-            "The labels of y must be all strings or all numbers (besides the "
-            f"-1 of unlabeled samples); got a mix of {', '.join(kinds)}. Convert "
-            "them to one type, e.g. y.astype(str)."
-        ) from exc
+    if y.dtype.kind == "O":
+        strings = np.array([isinstance(v, str) for v in y[labeled]])
+        if strings.any() and not strings.all():
+            kinds = sorted({type(v).__name__ for v in y[labeled]})
+            raise ValueError(
+                "The labels of y must be all strings or all numbers (besides "
+                f"the -1 of unlabeled samples); got a mix of {', '.join(kinds)}. "
+                "Convert them to one type, e.g. y.astype(str)."
+            )
+    check_classification_targets(y[labeled])
+    classes, encoded_labeled = np.unique(y[labeled], return_inverse=True)
     if len(classes) < 2:
         raise ValueError(
             f"The labeled samples hold only one class ({classes[:1].tolist()[0]!r}); "

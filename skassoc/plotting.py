@@ -270,10 +270,11 @@ def plot_association_graph(
         flat = [X.reshape(len(X), -1) for X in (X_labeled, X_unlabeled)]
         images = _thumbnails(np.concatenate(flat), shape)
         # Fit the thumbnails to the slot of one sample in the widest row and
-        # to a third of the height between two rows (sizes in points).
-        box = ax.get_position()
-        slot = box.width * fig.get_figwidth() * 72 / width
-        row_gap = box.height * fig.get_figheight() * 72 / 3.2
+        # to a third of the height between two rows (sizes in points; the
+        # axes' extent in pixels also holds inside a subfigure).
+        box = ax.get_window_extent()
+        slot = box.width / fig.dpi * 72 / width
+        row_gap = box.height / fig.dpi * 72 / 3.2
         size = min(0.7 * slot, 0.6 * row_gap)
         zoom = size / max(images.shape[1:3])
         labeled_images, unlabeled_images = images[:n_labeled], images[n_labeled:]

@@ -78,6 +78,9 @@ def test_resolve_augmentation():
     with pytest.raises(ValueError, match="probability"):
         resolve_augmentation({"blur_probability": 2})
     assert resolve_augmentation("paper")["unlabeled"] is True
+    # A zero blur width is fine when the blur is off.
+    off = resolve_augmentation({"blur_probability": 0, "blur_sigma": 0})
+    assert off["blur_sigma"] == 0
     assert resolve_augmentation({"unlabeled": np.False_})["unlabeled"] is False
     with pytest.raises(ValueError, match="unlabeled.*True.*False"):
         resolve_augmentation({"unlabeled": "labeled"})

@@ -133,12 +133,20 @@ def test_bad_values_in_a_memory_map_are_refused(
     assert not hasattr(clf, "n_features_in_")
 
 
-def test_memory_map_with_labels_of_another_length(tmp_path, fast_params):
+def test_memory_map_with_bad_labels_or_layout(tmp_path, fast_params):
     mapped = write_memmap(tmp_path / "X.npy", np.zeros((30, 4), np.float32))
     with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         make_clf(fast_params).fit(mapped, np.arange(29) % 3)
     with pytest.raises(ValueError, match="0 sample"):
         make_clf(fast_params).fit(mapped[:0], np.arange(0))
+    # The same messages as for arrays in memory.
+    with pytest.raises(ValueError, match="requires y to be passed"):
+        make_clf(fast_params).fit(mapped, None)
+    with pytest.raises(ValueError, match="Input contains NaN"):
+        make_clf(fast_params).fit(mapped, np.array([0.0, np.nan] * 15, dtype=object))
+    # A reversed view cannot be read in place; no silent copy of the file.
+    with pytest.raises(ValueError, match="reversed view of a memory map"):
+        make_clf(fast_params).fit(mapped[::-1], np.arange(30) % 3)
 
 
 @pytest.mark.skipif(

@@ -268,3 +268,49 @@ def test_common_helpers(bench):
     assert common.resolve_device("cpu").type == "cpu"
     with pytest.raises(SystemExit, match="is not a device"):
         common.resolve_device("tpu-ish")
+
+
+def _da_file(path, runs, max_iter=100, device_type="cuda"):
+    path.write_text(
+        json.dumps(
+            {
+                "environment": {"device_type": device_type},
+                "args": {"max_iter": max_iter, "source_size": 600},
+                "runs": runs,
+            }
+        )
+    )
+    return path
+
+
+def _da_run(seed, error, status="ok"):
+    return {
+        "pair": "synth-mnist",
+        "condition": "adapted",
+        "seed": seed,
+        "params": {"max_iter": 100},
+        "test_error_percent": error,
+        "fit_seconds": 1.0,
+        "status": status,
+    }
+
+
+def test_domain_adaptation_merge(bench, tmp_path):
+    da = bench("bench_domain_adaptation")
+    a = _da_file(tmp_path / "a.json", [_da_run(0, 2.0)])
+    b = _da_file(tmp_path / "b.json", [_da_run(1, 4.0)])
+    failed = _da_file(tmp_path / "f.json", [_da_run(1, 9.0, status="error")])
+    merged = tmp_path / "m.json"
+    da.merge([a, b, failed, a], merged)
+    result = json.loads(merged.read_text())
+    # a merged twice counts once; the failed rerun of seed 1 does not win.
+    assert sorted(r["seed"] for r in result["runs"]) == [0, 1]
+    assert result["table"][0]["test_error_percent"]["median"] == 3.0
+    # Settings must agree, also with the args a merged file keeps.
+    other = _da_file(tmp_path / "o.json", [_da_run(2, 1.0)], max_iter=200)
+    with pytest.raises(SystemExit, match="--max-iter"):
+        da.merge([merged, other], tmp_path / "x.json")
+    with pytest.raises(SystemExit, match="devices"):
+        da.merge([a, _da_file(tmp_path / "c.json", [], device_type="cpu")], None)
+    with pytest.raises(SystemExit):
+        da.parse_args(["--seeds", "0", "0"])

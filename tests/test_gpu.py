@@ -78,8 +78,12 @@ def test_runs_within_the_graph_warm_up_log_and_check_losses(digit_images, max_it
     # The graph is captured after 3 eager warm-up steps: shorter runs never
     # replay it, and still record their losses.
     X, _, y_semi = digit_images
-    clf = fit(X, y_semi, max_iter=max_iter)
+    clf = fit(X, y_semi, max_iter=max_iter, lr_decay_steps=1)
     assert clf.history_["step"] == [max_iter]
+    # The rate of the last step run, as on the CPU path.
+    assert clf.history_["learning_rate"] == [
+        pytest.approx(1e-3 * 0.33 ** (max_iter - 1))
+    ]
     assert np.isfinite(clf.history_["total"]).all()
     if max_iter == 1:
         return  # the losses of step 1 come before any update

@@ -237,6 +237,25 @@ def test_image_format_comes_from_the_fitted_network(digits, tmp_path, change):
     np.testing.assert_array_equal(loaded.predict_proba(images), expected)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"network": "mlp", "image_size": 12},
+        {"network": "mlp", "image_channels": 3},
+        {"network": "mnist", "image_channels": np.int64(3)},
+    ],
+)
+def test_round_trip_formatted_images(digits, tmp_path, params):
+    X, y = digits
+    images = X.reshape(-1, 8, 8)
+    clf = small_classifier(max_iter=3, **params).fit(images, y)
+    save_model(clf, tmp_path / "m.skassoc")
+    loaded = load_model(tmp_path / "m.skassoc", device="cpu")
+    np.testing.assert_array_equal(
+        loaded.predict_proba(images), clf.predict_proba(images)
+    )
+
+
 def test_model_without_image_format_ignores_later_format_params(digits, tmp_path):
     X, y = digits
     images = X.reshape(-1, 8, 8)

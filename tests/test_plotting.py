@@ -169,13 +169,20 @@ def test_association_graph_row_labels_fit_in_the_figure(batches):
         assert label.get_window_extent(renderer).x0 >= 0, label.get_text()
 
 
+def _zoom(ax):
+    return [a.offsetbox.get_zoom() for a in ax.artists if isinstance(a, AnnotationBbox)]
+
+
 def test_association_graph_in_a_subfigure(batches):
     clf, X_labeled, y_labeled, X_unlabeled = batches
     root = plt.figure(figsize=(10, 4))
     ax = root.subfigures(1, 2)[0].subplots()
     fig = plot_association_graph(clf, X_labeled, y_labeled, X_unlabeled, ax=ax)
     assert fig is root
-    assert [a for a in ax.artists if isinstance(a, AnnotationBbox)]
+    # Thumbnails sized like those of axes of the same size in a plain figure.
+    _, plain = plt.subplots(figsize=(5, 4))
+    plot_association_graph(clf, X_labeled, y_labeled, X_unlabeled, ax=plain)
+    assert _zoom(ax) and _zoom(ax) == pytest.approx(_zoom(plain))
 
 
 def test_nearest_neighbors_shows_sorted_cosine_similarities(

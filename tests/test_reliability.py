@@ -164,6 +164,14 @@ def _bad_fit_cases():
             "all strings or all numbers",
             id="mixed_label_types",
         ),
+        pytest.param(
+            X,
+            np.array([0, "a", 1, "b", -1] * 8, dtype=object),
+            {},
+            "all strings or all numbers",
+            id="mixed_label_types_number_first",
+        ),
+        pytest.param(X, np.array([b"a", b"b"] * 20), {}, "bytes", id="bytes_labels"),
         *(
             pytest.param(
                 X,
@@ -567,8 +575,11 @@ def test_warm_start_with_other_features_raises(fast_params, blobs):
 @pytest.mark.parametrize("max_iter", [1, 2, 3])
 def test_short_runs_record_and_check_their_losses(fast_params, blobs, max_iter):
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=max_iter).fit(X, y)
+    clf = make_clf(fast_params, max_iter=max_iter, lr_decay_steps=1).fit(X, y)
     assert clf.history_["step"] == [max_iter]
+    # The rate of the last step run, decayed after each step before it.
+    last_rate = fast_params["learning_rate"] * 0.33 ** (max_iter - 1)
+    assert clf.history_["learning_rate"] == [pytest.approx(last_rate)]
     if max_iter == 1:
         return  # the losses of step 1 come before any update
     diverging = make_clf(fast_params, max_iter=max_iter, learning_rate=1e30)
