@@ -836,6 +836,11 @@ class SemiSupervisedAssociationClassifier(
             device = self.device_
             if device.type == "cuda" and not torch.cuda.is_available():
                 device = torch.device("cpu")
+            elif device.type == "cuda" and (device.index or 0) >= (
+                torch.cuda.device_count()
+            ):
+                # Fitted on a GPU this machine does not have (e.g. cuda:1).
+                device = torch.device("cuda")
             self.model_ = self.model_.to(device)
             self.device_ = device
 

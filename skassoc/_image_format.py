@@ -95,8 +95,14 @@ class ImageFormat(nn.Module):
             if self.channels == 3 and n_channels == 1:
                 images = images.expand(-1, 3, -1, -1)
             elif self.channels == 1 and n_channels == 3:
-                luma = images.new_tensor(_LUMA).view(1, 3, 1, 1)
-                images = (images * luma).sum(dim=1, keepdim=True)
+                # Python scalars, not a tensor of weights: creating a tensor
+                # copies it from the host, which a CUDA graph cannot capture.
+                red, green, blue = _LUMA
+                images = (
+                    images[:, 0:1] * red
+                    + images[:, 1:2] * green
+                    + images[:, 2:3] * blue
+                )
             else:
                 raise ValueError(
                     f"Cannot convert images of {n_channels} channels to "

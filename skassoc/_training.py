@@ -90,6 +90,25 @@ class NonFiniteLossError(FloatingPointError):
 _CUDA_RNG_LOCK = threading.RLock()
 
 
+# torch.cuda.Stream() hands out the streams of a fixed pool in turn (32 per
+# device), so a fit that took new streams could get one still in use by a
+# long fit in another thread, and capture that fit's work into its graph.
+# Each thread therefore takes its streams once and keeps them.
+_THREAD_STREAMS = threading.local()
+
+
+def thread_streams(device):
+    """This thread's CUDA streams on ``device``: (fit, warm-up, capture)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    streams = getattr(_THREAD_STREAMS, "by_device", None)
+    if streams is None:
+        streams = _THREAD_STREAMS.by_device = {}
+    if index not in streams:
+        cuda = torch.device("cuda", index)
+        streams[index] = tuple(torch.cuda.Stream(cuda) for _ in range(3))
+    return streams[index]
+
+
 def cuda_rng_lock(device):
     """The lock above on a GPU; nothing on a CPU."""
     if device.type == "cuda":
@@ -132,6 +151,24 @@ def autocast_context(device, precision):
     return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 
 
+# The TF32 and cuDNN flags are process-wide. Fits and predictions in threads
+# overlap, so the flags the caller had are saved by the first one to enter
+# and restored by the last one to leave; in between, the latest to enter
+# sets them (threads should therefore share one precision).
+_PRECISION_LOCK = threading.Lock()
+_precision_users = 0
+_caller_flags = None
+
+
+def _set_flags(flags):
+    matmul, enabled, benchmark, deterministic, cudnn_tf32 = flags
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.enabled = enabled
+    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+
+
 @contextlib.contextmanager
 def precision_context(device, precision):
     """Set TF32 use for the duration of a fit or predict, then restore it.
@@ -141,19 +178,29 @@ def precision_context(device, precision):
     turn it on. cuDNN autotuning is enabled on CUDA: the step's shapes never
     change.
     """
+    global _precision_users, _caller_flags
     if device.type != "cuda":
         yield
         return
     allow_tf32 = precision != "fp32"
-    previous_matmul = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    with _PRECISION_LOCK:
+        if _precision_users == 0:
+            _caller_flags = (
+                torch.backends.cuda.matmul.allow_tf32,
+                torch.backends.cudnn.enabled,
+                torch.backends.cudnn.benchmark,
+                torch.backends.cudnn.deterministic,
+                torch.backends.cudnn.allow_tf32,
+            )
+        _precision_users += 1
+        _set_flags((allow_tf32, True, True, False, allow_tf32))
     try:
-        with torch.backends.cudnn.flags(
-            enabled=True, benchmark=True, deterministic=False, allow_tf32=allow_tf32
-        ):
-            yield
+        yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous_matmul
+        with _PRECISION_LOCK:
+            _precision_users -= 1
+            if _precision_users == 0:
+                _set_flags(_caller_flags)
 
 
 class _AssociationStep:
@@ -334,20 +381,24 @@ def _keep_lr_tensor(optimizer, lr_tensors):
             group["lr"] = lr
 
 
-def _capture(step, scheduler, n_warmup):
+def _capture(step, scheduler, n_warmup, keep_lr, warmup):
     """Run ``n_warmup`` eager steps on a side stream, then capture one step.
 
-    Returns the graph and the learning rate of the last warm-up step.
+    ``keep_lr`` runs after every scheduler step (see :func:`_keep_lr_tensor`);
+    ``warmup`` (a dict) records the steps run and the last one's rate as they
+    complete, for an interrupt during warm-up or capture.
     """
-    side = torch.cuda.Stream()
+    _, side, capture_stream = thread_streams(step.device)
     side.wait_stream(torch.cuda.current_stream())
-    last_rate = None
     with torch.cuda.stream(side):
         for _ in range(n_warmup):
-            last_rate = float(scheduler.get_last_lr()[0])  # this step's rate
+            rate = float(scheduler.get_last_lr()[0])  # this step's rate
             step.prefetch()
             step()
+            warmup["steps"] += 1
+            warmup["rate"] = rate
             scheduler.step()
+            keep_lr()
     torch.cuda.current_stream().wait_stream(side)
     step.optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
@@ -355,10 +406,10 @@ def _capture(step, scheduler, n_warmup):
     # shared by all threads), and "thread_local" mode: fits in other threads
     # (GridSearchCV under the threading backend) may use CUDA meanwhile.
     with torch.cuda.graph(
-        graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"
+        graph, stream=capture_stream, capture_error_mode="thread_local"
     ):
         step()
-    return graph, last_rate
+    return graph
 
 
 def train(model, batches, config, device):
@@ -404,7 +455,7 @@ def _own_stream(device):
         yield
         return
     caller = torch.cuda.current_stream(device)
-    stream = torch.cuda.Stream(device)
+    stream = thread_streams(device)[0]
     stream.wait_stream(caller)
     try:
         with torch.cuda.stream(stream):
@@ -459,15 +510,22 @@ def _train(model, batches, config, device):
         )
 
     graph = None
-    warmup_rate = None  # the eager path's losses are read inside its loop
+    # The graph's eager warm-up steps (none on the eager path, whose losses
+    # are read inside its loop).
+    warmup = {"steps": 0, "rate": None}
     completed = 0
     try:
         lock = cuda_rng_lock(device)
         if use_graph:
             n_warmup = min(_GRAPH_WARMUP_STEPS, config.max_iter)
             with lock:
-                graph, warmup_rate = _capture(step, scheduler, n_warmup)
-            _keep_lr_tensor(optimizer, lr_tensors)
+                graph = _capture(
+                    step,
+                    scheduler,
+                    n_warmup,
+                    lambda: _keep_lr_tensor(optimizer, lr_tensors),
+                    warmup,
+                )
             completed = n_warmup
         while completed < config.max_iter:
             step.prefetch()
@@ -485,14 +543,19 @@ def _train(model, batches, config, device):
         # A run no longer than the graph's eager warm-up never enters the
         # loop: its losses still need reading (and checking for NaN), with
         # the rate of its last step (the scheduler has stepped past it).
-        read_losses(completed, warmup_rate)
+        read_losses(completed, warmup["rate"])
     except KeyboardInterrupt:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.interrupted = True
         # The losses of the steps that did complete are still worth keeping;
         # a loss that went non-finite before the interrupt still raises.
-        read_losses(completed)
+        if completed < warmup["steps"]:
+            # Interrupted during the graph's warm-up or capture.
+            completed = warmup["steps"]
+            read_losses(completed, warmup["rate"])
+        else:
+            read_losses(completed)
     finally:
         progress.close()
     step.use_average_weights()

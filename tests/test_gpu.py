@@ -94,6 +94,16 @@ def test_runs_within_the_graph_warm_up_log_and_check_losses(digit_images, max_it
         diverging.fit(X.astype(np.float32) * 1e36, y_semi)
 
 
+def test_model_of_a_missing_gpu_unpickles_on_this_one(digit_images):
+    X, _, y_semi = digit_images
+    clf = fit(X, y_semi, max_iter=5)
+    expected = clf.predict_proba(X)
+    clf.device_ = torch.device("cuda", torch.cuda.device_count())  # not here
+    loaded = pickle.loads(pickle.dumps(clf))
+    assert loaded.device_ == torch.device("cuda")
+    np.testing.assert_allclose(loaded.predict_proba(X), expected, atol=1e-5)
+
+
 def test_grid_search_with_parallel_fits_on_one_gpu(digit_images):
     X, y, _ = digit_images
     search = GridSearchCV(

@@ -57,6 +57,20 @@ def test_bad_sizes_are_refused(size):
         check_image_size(size)
 
 
+def test_colour_to_grey_makes_no_tensor_from_the_host(monkeypatch):
+    # A tensor built from host values inside the step cannot be captured in
+    # a CUDA graph; the luma weights must be plain numbers.
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor was created from host data")
+
+    colour = torch.rand(2, 3, 4, 4)
+    expected = ImageFormat(channels=1)(colour)
+    monkeypatch.setattr(torch.Tensor, "new_tensor", refuse)
+    monkeypatch.setattr(torch, "tensor", refuse)
+    monkeypatch.setattr(torch, "as_tensor", refuse)
+    torch.testing.assert_close(ImageFormat(channels=1)(colour), expected)
+
+
 def test_bad_channels_are_refused():
     with pytest.raises(ValueError, match="channels must be None, 1 or 3"):
         ImageFormat(channels=2)

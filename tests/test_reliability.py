@@ -587,6 +587,45 @@ def test_short_runs_record_and_check_their_losses(fast_params, blobs, max_iter):
         diverging.fit(X.astype(np.float32) * 1e36, y)
 
 
+def test_overlapping_precision_contexts_restore_the_callers_flags():
+    # Fits in threads enter and leave in any order; the process-wide TF32 and
+    # cuDNN flags must come back to the caller's, not to another fit's.
+    cuda = torch.device("cuda")  # the flags need no GPU to be set and read
+
+    def flags():
+        return (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.benchmark,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.allow_tf32,
+        )
+
+    saved = flags()
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.allow_tf32 = False
+        caller = flags()
+        first = skassoc._training.precision_context(cuda, "fp32")
+        second = skassoc._training.precision_context(cuda, "tf32")
+        first.__enter__()
+        assert flags() == (False, True, False, False)
+        second.__enter__()
+        assert flags() == (True, True, False, True)
+        first.__exit__(None, None, None)
+        assert flags() == (True, True, False, True)  # the second fit runs on
+        second.__exit__(None, None, None)
+        assert flags() == caller
+    finally:
+        (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.benchmark,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.allow_tf32,
+        ) = saved
+
+
 def test_history_is_bounded(fast_params, blobs):
     X, y = blobs
     clf = make_clf(
