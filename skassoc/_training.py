@@ -402,7 +402,7 @@ def _capture(step, scheduler, n_warmup, keep_lr, warmup):
     torch.cuda.current_stream().wait_stream(side)
     step.optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
-    # A capture stream of this fit's own (torch.cuda.graph's default one is
+    # A capture stream of this thread's own (torch.cuda.graph's default one is
     # shared by all threads), and "thread_local" mode: fits in other threads
     # (GridSearchCV under the threading backend) may use CUDA meanwhile.
     with torch.cuda.graph(
@@ -444,7 +444,7 @@ def train(model, batches, config, device):
 
 @contextlib.contextmanager
 def _own_stream(device):
-    """Run a fit on a CUDA stream of its own.
+    """Run a fit on its thread's own CUDA stream.
 
     Fits in several threads of one process (``GridSearchCV`` under joblib's
     threading backend) then run side by side on the GPU; on the default
