@@ -9,6 +9,7 @@ on the device and read back every ``log_interval`` steps.
 
 import contextlib
 import math
+import queue
 import threading
 from dataclasses import dataclass, field
 
@@ -93,20 +94,30 @@ _CUDA_RNG_LOCK = threading.RLock()
 # torch.cuda.Stream() hands out the streams of a fixed pool in turn (32 per
 # device), so a fit that took new streams could get one still in use by a
 # long fit in another thread, and capture that fit's work into its graph.
-# Each thread therefore takes its streams once and keeps them.
-_THREAD_STREAMS = threading.local()
+# Fits therefore borrow one of ten fixed sets of three streams (30 of the
+# 32), taken from the pool once per device; an eleventh concurrent fit on
+# one device waits for a set to come back.
+MAX_CONCURRENT_CUDA_FITS = 10
+_STREAM_SETS = {}
+_STREAM_SETS_LOCK = threading.Lock()
 
 
-def thread_streams(device):
-    """This thread's CUDA streams on ``device``: (fit, warm-up, capture)."""
+@contextlib.contextmanager
+def borrowed_streams(device):
+    """Streams for one fit on ``device``: (fit, warm-up, capture)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    streams = getattr(_THREAD_STREAMS, "by_device", None)
-    if streams is None:
-        streams = _THREAD_STREAMS.by_device = {}
-    if index not in streams:
-        cuda = torch.device("cuda", index)
-        streams[index] = tuple(torch.cuda.Stream(cuda) for _ in range(3))
-    return streams[index]
+    with _STREAM_SETS_LOCK:
+        free = _STREAM_SETS.get(index)
+        if free is None:
+            cuda = torch.device("cuda", index)
+            free = _STREAM_SETS[index] = queue.LifoQueue()
+            for _ in range(MAX_CONCURRENT_CUDA_FITS):
+                free.put(tuple(torch.cuda.Stream(cuda) for _ in range(3)))
+    streams = free.get()
+    try:
+        yield streams
+    finally:
+        free.put(streams)
 
 
 def cuda_rng_lock(device):
@@ -160,15 +171,6 @@ _precision_users = 0
 _caller_flags = None
 
 
-def _set_flags(flags):
-    matmul, enabled, benchmark, deterministic, cudnn_tf32 = flags
-    torch.backends.cuda.matmul.allow_tf32 = matmul
-    torch.backends.cudnn.enabled = enabled
-    torch.backends.cudnn.benchmark = benchmark
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.allow_tf32 = cudnn_tf32
-
-
 @contextlib.contextmanager
 def precision_context(device, precision):
     """Set TF32 use for the duration of a fit or predict, then restore it.
@@ -184,23 +186,25 @@ def precision_context(device, precision):
         return
     allow_tf32 = precision != "fp32"
     with _PRECISION_LOCK:
+        matmul = torch.backends.cuda.matmul.allow_tf32
+        # set_flags, as torch.backends.cudnn.flags() uses it: unlike setting
+        # the attributes, it works after torch.backends.disable_global_flags().
+        cudnn = torch.backends.cudnn.set_flags(
+            _enabled=True, _benchmark=True, _deterministic=False, _allow_tf32=allow_tf32
+        )
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
         if _precision_users == 0:
-            _caller_flags = (
-                torch.backends.cuda.matmul.allow_tf32,
-                torch.backends.cudnn.enabled,
-                torch.backends.cudnn.benchmark,
-                torch.backends.cudnn.deterministic,
-                torch.backends.cudnn.allow_tf32,
-            )
+            _caller_flags = (matmul, cudnn)
         _precision_users += 1
-        _set_flags((allow_tf32, True, True, False, allow_tf32))
     try:
         yield
     finally:
         with _PRECISION_LOCK:
             _precision_users -= 1
             if _precision_users == 0:
-                _set_flags(_caller_flags)
+                matmul, cudnn = _caller_flags
+                torch.backends.cuda.matmul.allow_tf32 = matmul
+                torch.backends.cudnn.set_flags(*cudnn)
 
 
 class _AssociationStep:
@@ -381,22 +385,21 @@ def _keep_lr_tensor(optimizer, lr_tensors):
             group["lr"] = lr
 
 
-def _capture(step, scheduler, n_warmup, keep_lr, warmup):
+def _capture(step, scheduler, n_warmup, keep_lr, streams, warmup):
     """Run ``n_warmup`` eager steps on a side stream, then capture one step.
 
     ``keep_lr`` runs after every scheduler step (see :func:`_keep_lr_tensor`);
-    ``warmup`` (a dict) records the steps run and the last one's rate as they
-    complete, for an interrupt during warm-up or capture.
+    ``streams`` are the fit's (fit, warm-up, capture) streams; ``warmup`` (a
+    dict) counts the steps run as they complete, for an interrupt during
+    warm-up or capture.
     """
-    _, side, capture_stream = thread_streams(step.device)
+    _, side, capture_stream = streams
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(n_warmup):
-            rate = float(scheduler.get_last_lr()[0])  # this step's rate
             step.prefetch()
             step()
             warmup["steps"] += 1
-            warmup["rate"] = rate
             scheduler.step()
             keep_lr()
     torch.cuda.current_stream().wait_stream(side)
@@ -438,24 +441,22 @@ def train(model, batches, config, device):
         If a loss becomes NaN or infinite; the model is then in an undefined
         state and the caller must discard it.
     """
-    with _own_stream(device):
-        return _train(model, batches, config, device)
+    if device.type != "cuda":
+        return _train(model, batches, config, device, streams=None)
+    with borrowed_streams(device) as streams, _own_stream(device, streams[0]):
+        return _train(model, batches, config, device, streams)
 
 
 @contextlib.contextmanager
-def _own_stream(device):
-    """Run a fit on its thread's own CUDA stream.
+def _own_stream(device, stream):
+    """Run a fit on a CUDA stream of its own (borrowed for the fit).
 
     Fits in several threads of one process (``GridSearchCV`` under joblib's
     threading backend) then run side by side on the GPU; on the default
     stream they would wait for each other. Separate processes gain nothing
     this way: the GPU time-slices between them.
     """
-    if device.type != "cuda":
-        yield
-        return
     caller = torch.cuda.current_stream(device)
-    stream = thread_streams(device)[0]
     stream.wait_stream(caller)
     try:
         with torch.cuda.stream(stream):
@@ -464,7 +465,14 @@ def _own_stream(device):
         caller.wait_stream(stream)
 
 
-def _train(model, batches, config, device):
+def _rate_of_step(config, step):
+    """The learning rate of (1-based) step ``step``: StepLR's schedule."""
+    return config.learning_rate * config.lr_decay ** (
+        (step - 1) // config.lr_decay_steps
+    )
+
+
+def _train(model, batches, config, device, streams):
     model.train()
     use_graph = config.cuda_graph and device.type == "cuda"
     optimizer = _make_optimizer(model, config, device, capturable=use_graph)
@@ -480,7 +488,7 @@ def _train(model, batches, config, device):
     )
     logged_until = 0
 
-    def read_losses(completed, learning_rate=None):
+    def read_losses(completed):
         nonlocal logged_until
         n_steps = completed - logged_until
         if n_steps <= 0:
@@ -497,10 +505,8 @@ def _train(model, batches, config, device):
         step.loss_sum.zero_()
         means = [value / n_steps for value in sums]
         history["step"].append(completed)
-        # Called before the scheduler steps: the rate of the last step run.
-        if learning_rate is None:
-            learning_rate = float(scheduler.get_last_lr()[0])
-        history["learning_rate"].append(learning_rate)
+        # The rate of the last step run (the scheduler may have moved past it).
+        history["learning_rate"].append(_rate_of_step(config, completed))
         for name, value in zip(LOSS_NAMES, means, strict=True):
             history[name].append(value)
         logged_until = completed
@@ -510,9 +516,8 @@ def _train(model, batches, config, device):
         )
 
     graph = None
-    # The graph's eager warm-up steps (none on the eager path, whose losses
-    # are read inside its loop).
-    warmup = {"steps": 0, "rate": None}
+    # The graph's eager warm-up steps (none on the eager path).
+    warmup = {"steps": 0}
     completed = 0
     try:
         lock = cuda_rng_lock(device)
@@ -524,6 +529,7 @@ def _train(model, batches, config, device):
                     scheduler,
                     n_warmup,
                     lambda: _keep_lr_tensor(optimizer, lr_tensors),
+                    streams,
                     warmup,
                 )
             completed = n_warmup
@@ -541,21 +547,17 @@ def _train(model, batches, config, device):
             if use_graph:
                 _keep_lr_tensor(optimizer, lr_tensors)
         # A run no longer than the graph's eager warm-up never enters the
-        # loop: its losses still need reading (and checking for NaN), with
-        # the rate of its last step (the scheduler has stepped past it).
-        read_losses(completed, warmup["rate"])
+        # loop: its losses still need reading (and checking for NaN).
+        read_losses(completed)
     except KeyboardInterrupt:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result.interrupted = True
         # The losses of the steps that did complete are still worth keeping;
         # a loss that went non-finite before the interrupt still raises.
-        if completed < warmup["steps"]:
-            # Interrupted during the graph's warm-up or capture.
-            completed = warmup["steps"]
-            read_losses(completed, warmup["rate"])
-        else:
-            read_losses(completed)
+        # Interrupted during the graph's warm-up or capture: count its steps.
+        completed = max(completed, warmup["steps"])
+        read_losses(completed)
     finally:
         progress.close()
     step.use_average_weights()

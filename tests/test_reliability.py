@@ -1,5 +1,6 @@
 """Bad input and faults: clear errors before training, state kept on failure."""
 
+import concurrent.futures
 import copy
 import pickle
 import warnings
@@ -624,6 +625,62 @@ def test_overlapping_precision_contexts_restore_the_callers_flags():
             torch.backends.cudnn.deterministic,
             torch.backends.cudnn.allow_tf32,
         ) = saved
+
+
+def test_precision_context_works_with_frozen_torch_flags(monkeypatch):
+    # torch.backends.disable_global_flags() forbids assigning cuDNN flags
+    # (PyTorch's own test suites use it); fits must still run there.
+    cuda = torch.device("cuda")
+    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
+    # What disable_global_flags() sets, undone after the test.
+    flags_module_globals = torch.backends.flags_frozen.__globals__
+    monkeypatch.setitem(
+        flags_module_globals, "__allow_nonbracketed_mutation_flag", False
+    )
+    assert torch.backends.flags_frozen()
+    with skassoc._training.precision_context(cuda, "fp32"):
+        assert torch.backends.cudnn.benchmark
+        assert not torch.backends.cudnn.allow_tf32
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
+    # torch.cuda.Stream() cycles through a pool of 32 streams per device; the
+    # fits borrow fixed sets of three instead, never the same set at once,
+    # and an extra fit waits for a set to come back. No GPU is needed to
+    # check the bookkeeping: streams are stand-in objects here.
+    made = []
+
+    def stream(device=None):
+        made.append(object())
+        return made[-1]
+
+    monkeypatch.setattr(torch.cuda, "Stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(skassoc._training, "_STREAM_SETS", {})
+    limit = skassoc._training.MAX_CONCURRENT_CUDA_FITS
+    borrow = skassoc._training.borrowed_streams
+    cuda = torch.device("cuda")
+    held = [borrow(cuda) for _ in range(limit)]
+    sets = [context.__enter__() for context in held]
+    assert len({s for streams in sets for s in streams}) == 3 * limit
+    assert len(made) == 3 * limit <= 32
+    results = []
+
+    def eleventh():
+        with borrow(torch.device("cuda", 0)) as streams:
+            results.append(streams)
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(eleventh)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            future.result(timeout=0.2)  # all sets are out: it waits
+        held[3].__exit__(None, None, None)
+        future.result(timeout=5)
+    assert results == [sets[3]]  # it got the set given back
+    assert len(made) == 3 * limit  # no new streams were taken
+    for context in held[:3] + held[4:]:
+        context.__exit__(None, None, None)
 
 
 def test_history_is_bounded(fast_params, blobs):
