@@ -20,6 +20,16 @@ def make_clf(fast_params, **overrides):
     return SemiSupervisedAssociationClassifier(**{**fast_params, **overrides})
 
 
+# A short CPU fit on the digits images, the same for memory maps and arrays.
+SMALL_IMAGE_FIT = {
+    "device": "cpu",
+    "random_state": 0,
+    "labeled_per_class": 2,
+    "unlabeled_batch_size": 16,
+    "precision": "fp32",
+}
+
+
 def write_memmap(path, array):
     mapped = np.lib.format.open_memmap(
         path, mode="w+", dtype=array.dtype, shape=array.shape
@@ -34,15 +44,7 @@ def test_memory_mapped_inputs_train_like_in_memory_ones(digits_images, tmp_path)
     X, y = digits_images
     y_semi = np.where(np.arange(len(y)) % 4 == 0, y, -1)
     mapped = write_memmap(tmp_path / "X.npy", X)
-    params = dict(
-        network="mnist",
-        max_iter=20,
-        device="cpu",
-        random_state=0,
-        labeled_per_class=2,
-        unlabeled_batch_size=16,
-        precision="fp32",
-    )
+    params = {**SMALL_IMAGE_FIT, "network": "mnist", "max_iter": 20}
     from_disk = SemiSupervisedAssociationClassifier(**params).fit(mapped, y_semi)
     in_memory = SemiSupervisedAssociationClassifier(**params).fit(X, y_semi)
     # The same draws; only the order of the rows inside the unlabeled batch
@@ -95,14 +97,7 @@ def test_memory_maps_are_used_where_they_are(
         params = {"network": "mnist"}
     monkeypatch.setattr(_RecordingHostBatches, "inputs_seen", [])
     monkeypatch.setattr(skassoc._classifier, "HostBatches", _RecordingHostBatches)
-    params.update(
-        max_iter=10,
-        device="cpu",
-        random_state=0,
-        labeled_per_class=2,
-        unlabeled_batch_size=16,
-        precision="fp32",
-    )
+    params = {**SMALL_IMAGE_FIT, **params, "max_iter": 10}
     from_disk = SemiSupervisedAssociationClassifier(**params).fit(X_fit, y_semi)
     (inputs,) = _RecordingHostBatches.inputs_seen
     assert np.shares_memory(inputs, mapped)
