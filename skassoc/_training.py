@@ -100,24 +100,43 @@ _CUDA_RNG_LOCK = threading.RLock()
 MAX_CONCURRENT_CUDA_FITS = 10
 _STREAM_SETS = {}
 _STREAM_SETS_LOCK = threading.Lock()
+# The set a thread holds, per device: a fit started inside another fit of
+# the same thread reuses it instead of waiting for one of its own.
+_HELD_STREAMS = threading.local()
 
 
 @contextlib.contextmanager
 def borrowed_streams(device):
     """Streams for one fit on ``device``: (fit, warm-up, capture)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
+    held = getattr(_HELD_STREAMS, "by_device", None)
+    if held is None:
+        held = _HELD_STREAMS.by_device = {}
+    if index in held:
+        yield held[index]
+        return
     with _STREAM_SETS_LOCK:
         free = _STREAM_SETS.get(index)
         if free is None:
             cuda = torch.device("cuda", index)
-            free = _STREAM_SETS[index] = queue.LifoQueue()
-            for _ in range(MAX_CONCURRENT_CUDA_FITS):
-                free.put(tuple(torch.cuda.Stream(cuda) for _ in range(3)))
-    streams = free.get()
+            # Registered only once all sets exist: a failure here must not
+            # leave a short queue that later fits wait on forever.
+            sets = [
+                tuple(torch.cuda.Stream(cuda) for _ in range(3))
+                for _ in range(MAX_CONCURRENT_CUDA_FITS)
+            ]
+            free = queue.LifoQueue()
+            for streams in sets:
+                free.put(streams)
+            _STREAM_SETS[index] = free
+    streams = None
     try:
+        streams = held[index] = free.get()
         yield streams
     finally:
-        free.put(streams)
+        held.pop(index, None)
+        if streams is not None:
+            free.put(streams)
 
 
 def cuda_rng_lock(device):
@@ -467,9 +486,8 @@ def _own_stream(device, stream):
 
 def _rate_of_step(config, step):
     """The learning rate of (1-based) step ``step``: StepLR's schedule."""
-    return config.learning_rate * config.lr_decay ** (
-        (step - 1) // config.lr_decay_steps
-    )
+    decays = (step - 1) // int(config.lr_decay_steps)
+    return float(config.learning_rate * config.lr_decay**decays)
 
 
 def _train(model, batches, config, device, streams):

@@ -1,8 +1,8 @@
 """Bad input and faults: clear errors before training, state kept on failure."""
 
-import concurrent.futures
 import copy
 import pickle
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -644,11 +644,8 @@ def test_precision_context_works_with_frozen_torch_flags(monkeypatch):
     assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32) == before
 
 
-def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
-    # torch.cuda.Stream() cycles through a pool of 32 streams per device; the
-    # fits borrow fixed sets of three instead, never the same set at once,
-    # and an extra fit waits for a set to come back. No GPU is needed to
-    # check the bookkeeping: streams are stand-in objects here.
+def _stand_in_streams(monkeypatch):
+    """torch.cuda.Stream and current_device without a GPU; returns the made."""
     made = []
 
     def stream(device=None):
@@ -658,29 +655,81 @@ def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", stream)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(skassoc._training, "_STREAM_SETS", {})
+    return made
+
+
+def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
+    # torch.cuda.Stream() cycles through a pool of 32 streams per device; the
+    # fits borrow fixed sets of three instead, never the same set at once,
+    # and an extra fit waits for a set to come back. No GPU is needed to
+    # check the bookkeeping: streams are stand-in objects here.
+    made = _stand_in_streams(monkeypatch)
     limit = skassoc._training.MAX_CONCURRENT_CUDA_FITS
     borrow = skassoc._training.borrowed_streams
-    cuda = torch.device("cuda")
-    held = [borrow(cuda) for _ in range(limit)]
-    sets = [context.__enter__() for context in held]
-    assert len({s for streams in sets for s in streams}) == 3 * limit
-    assert len(made) == 3 * limit <= 32
-    results = []
+    got, release = {}, [threading.Event() for _ in range(limit + 1)]
+    holding = threading.Semaphore(0)
 
-    def eleventh():
+    def fit(i):
         with borrow(torch.device("cuda", 0)) as streams:
-            results.append(streams)
+            got[i] = streams
+            holding.release()
+            release[i].wait(timeout=10)
 
-    with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(eleventh)
-        with pytest.raises(concurrent.futures.TimeoutError):
-            future.result(timeout=0.2)  # all sets are out: it waits
-        held[3].__exit__(None, None, None)
-        future.result(timeout=5)
-    assert results == [sets[3]]  # it got the set given back
+    with ThreadPoolExecutor(limit + 1) as pool:
+        futures = [pool.submit(fit, i) for i in range(limit)]
+        for _ in range(limit):
+            assert holding.acquire(timeout=10)
+        assert len({s for streams in got.values() for s in streams}) == 3 * limit
+        assert len(made) == 3 * limit <= 32
+        extra = pool.submit(fit, limit)
+        assert not holding.acquire(timeout=0.2)  # all sets are out: it waits
+        release[3].set()
+        assert holding.acquire(timeout=10)
+        assert got[limit] is got[3]  # it got the set given back
+        for event in release:
+            event.set()
+        for future in [*futures, extra]:
+            future.result(timeout=10)
     assert len(made) == 3 * limit  # no new streams were taken
-    for context in held[:3] + held[4:]:
-        context.__exit__(None, None, None)
+
+
+def test_nested_cuda_fits_reuse_their_threads_streams(monkeypatch):
+    _stand_in_streams(monkeypatch)
+    borrow = skassoc._training.borrowed_streams
+    cuda = torch.device("cuda")
+    with borrow(cuda) as outer:
+        # A fit inside a fit (e.g. from user code) would otherwise wait for
+        # a set that its own thread holds once all are out.
+        with borrow(cuda) as inner:
+            assert inner is outer
+        with borrow(cuda) as again:
+            assert again is outer
+    # Back in the queue: all sets free again.
+    free = skassoc._training._STREAM_SETS[0]
+    assert free.qsize() == skassoc._training.MAX_CONCURRENT_CUDA_FITS
+
+
+def test_failed_stream_creation_leaves_no_short_stream_queue(monkeypatch):
+    calls = {"n": 0}
+
+    def stream(device=None):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("CUDA error")
+        return object()
+
+    monkeypatch.setattr(torch.cuda, "Stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(skassoc._training, "_STREAM_SETS", {})
+    borrow = skassoc._training.borrowed_streams
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        with borrow(torch.device("cuda")):
+            pass
+    # The next fit makes all sets afresh instead of waiting on a short queue.
+    with borrow(torch.device("cuda")) as streams:
+        assert len(streams) == 3
+    free = skassoc._training._STREAM_SETS[0]
+    assert free.qsize() == skassoc._training.MAX_CONCURRENT_CUDA_FITS
 
 
 def test_history_is_bounded(fast_params, blobs):
