@@ -186,8 +186,12 @@ class STL10Net(_ImageNet):
             nn.MaxPool2d(2, 2),
             *block(256, 128),
         )
+        # Probe the output size in eval mode: in training mode the probe
+        # would update the batch norms' running statistics.
+        self.features.eval()
         with torch.no_grad():
             flat = self.features(torch.zeros(1, *input_shape)).numel()
+        self.features.train()
         self.embedding = nn.Sequential(nn.Flatten(), nn.Linear(flat, embedding_dim))
         xavier_init_(self)
 

@@ -166,6 +166,19 @@ def test_svhn_net_handles_constant_images():
     assert torch.isfinite(out).all()
 
 
+def test_stl10_net_batch_norms_start_untouched():
+    # Building the network probes its output size; that must not count as a
+    # batch for the batch norms' running statistics.
+    net = STL10Net((3, 32, 32), embedding_dim=8)
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms
+    for norm in norms:
+        assert int(norm.num_batches_tracked) == 0
+        assert torch.equal(norm.running_mean, torch.zeros_like(norm.running_mean))
+        assert torch.equal(norm.running_var, torch.ones_like(norm.running_var))
+    assert net.training
+
+
 def test_stl10_net_uses_centred_inputs():
     torch.manual_seed(0)
     net = STL10Net((3, 32, 32), embedding_dim=8).eval()
