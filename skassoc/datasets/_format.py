@@ -34,8 +34,8 @@ def format_images(images, *, size=None, channels=None):
     Returns
     -------
     formatted : ndarray of shape (n_samples, channels, height, width)
-        uint8 (rounded and clipped to 0..255) for uint8 input, float32 for
-        any other input.
+        The images, as uint8 (rounded and clipped to 0..255) for uint8
+        input and as float32 for any other input.
 
     Raises
     ------
