@@ -140,7 +140,7 @@ def borrowed_streams(device):
 
 
 def cuda_rng_lock(device):
-    """The lock above on a GPU; nothing on a CPU."""
+    """``_CUDA_RNG_LOCK`` on a GPU; nothing on a CPU."""
     if device.type == "cuda":
         return _CUDA_RNG_LOCK
     return contextlib.nullcontext()
