@@ -20,7 +20,12 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._augmentation import resolve_augmentation
 from ._batches import DeviceBatches, HostBatches
-from ._image_format import ImageFormat, check_image_size, formatted_shape
+from ._image_format import (
+    ImageFormat,
+    check_image_size,
+    format_settings,
+    formatted_shape,
+)
 from ._networks import (
     AssociationModel,
     auto_network_name,
@@ -44,6 +49,7 @@ from ._validation import (
     as_tensor,
     check_sample_shape,
     encode_semi_supervised_labels,
+    is_integer,
     resolve_device,
     resolve_image_shape,
     split_sample_shape,
@@ -542,12 +548,7 @@ class SemiSupervisedAssociationClassifier(
 
     def _check_hidden_layer_sizes(self):
         sizes = self.hidden_layer_sizes
-        if not all(
-            isinstance(width, Integral)
-            and not isinstance(width, (bool, np.bool_))
-            and width >= 1
-            for width in sizes
-        ):
+        if not all(is_integer(width) and width >= 1 for width in sizes):
             raise ValueError(
                 "hidden_layer_sizes must hold positive ints (the width of each "
                 f"hidden layer of the MLP); got {sizes!r}."
@@ -556,8 +557,11 @@ class SemiSupervisedAssociationClassifier(
     def _check_warm_start_architecture(self, image_shape):
         """Refuse parameters that would need another network than ``model_``."""
         input_format, network_shape = self._input_format(image_shape)
-        fitted = _format_params(self.model_.input_format)
-        wanted = _format_params(input_format)
+        names = ("image_size", "image_channels")
+        fitted = dict(
+            zip(names, format_settings(self.model_.input_format), strict=True)
+        )
+        wanted = dict(zip(names, format_settings(input_format), strict=True))
         if isinstance(self.network, torch.nn.Module):
             # A new module cannot be compared with the fitted copy of the old.
             wanted["network"] = "custom" if self.network_ == "custom" else "a module"
@@ -570,13 +574,8 @@ class SemiSupervisedAssociationClassifier(
             wanted["embedding_dim"] = self.embedding_dim
             fitted["embedding_dim"] = self.embedding_dim_
         if wanted["network"] == self.network_ == "mlp":
-            widths = [
-                layer.out_features
-                for layer in self.model_.embedder.layers
-                if isinstance(layer, torch.nn.Linear)
-            ]
             wanted["hidden_layer_sizes"] = tuple(self.hidden_layer_sizes)
-            fitted["hidden_layer_sizes"] = tuple(widths[:-1])
+            fitted["hidden_layer_sizes"] = self.model_.embedder.hidden_layer_sizes
         changed = [name for name in wanted if wanted[name] != fitted[name]]
         if changed:
             details = ", ".join(
@@ -598,12 +597,10 @@ class SemiSupervisedAssociationClassifier(
             name = self.network
             if name == "auto":
                 name = auto_network_name(network_shape)
-            # The MLP sees the images as image_size/image_channels make them.
-            n_features = math.prod(network_shape or data.shape[1:])
             embedder = build_network(
                 name,
                 network_shape,
-                n_features,
+                math.prod(data.shape[1:]),
                 self.embedding_dim,
                 self.hidden_layer_sizes,
             )
@@ -850,16 +847,6 @@ class SemiSupervisedAssociationClassifier(
         # The network computes in float32 whatever the input dtype.
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
-
-
-def _format_params(input_format):
-    """The ``image_size`` and ``image_channels`` an input format applies."""
-    if isinstance(input_format, ImageFormat):
-        return {
-            "image_size": input_format.size,
-            "image_channels": input_format.channels,
-        }
-    return {"image_size": None, "image_channels": None}
 
 
 def _warn_if_channels_last(sample_shape):

@@ -8,12 +8,12 @@ training device in front of the network, and
 :func:`skassoc.datasets.format_images` runs it on NumPy arrays.
 """
 
-from numbers import Integral
-
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ImageFormat", "check_image_size", "formatted_shape"]
+from ._validation import is_integer
+
+__all__ = ["ImageFormat", "check_image_size", "format_settings", "formatted_shape"]
 
 # ITU-R BT.601 luma weights, the usual colour -> grey conversion (Pillow's too).
 _LUMA = (0.299, 0.587, 0.114)
@@ -30,7 +30,7 @@ def check_image_size(size, name="image_size"):
     if size is None:
         return None
     given = size
-    if isinstance(size, Integral) and not isinstance(size, bool):
+    if is_integer(size):
         size = (size, size)
     try:
         size = tuple(size)
@@ -39,7 +39,7 @@ def check_image_size(size, name="image_size"):
     if (
         size is None
         or len(size) != 2
-        or not all(isinstance(s, Integral) and not isinstance(s, bool) for s in size)
+        or not all(is_integer(s) for s in size)
         or min(size) < 1
     ):
         raise ValueError(
@@ -47,6 +47,17 @@ def check_image_size(size, name="image_size"):
             f"positive ints; got {given!r}."
         )
     return (int(size[0]), int(size[1]))
+
+
+def format_settings(module):
+    """``(size, channels)`` that ``module`` applies: (None, None) for no format.
+
+    ``module`` is a model's ``input_format``: an :class:`ImageFormat`, or an
+    identity module when the inputs go to the network as they are.
+    """
+    if isinstance(module, ImageFormat):
+        return module.size, module.channels
+    return None, None
 
 
 def formatted_shape(image_shape, size, channels):

@@ -6,6 +6,8 @@ callers never pre-process. :class:`AssociationModel` puts the paper's linear
 logit layer on top of any embedding network.
 """
 
+import math
+
 import torch
 from torch import nn
 
@@ -229,6 +231,14 @@ class MLPNet(nn.Module):
         self.register_buffer("scale", torch.ones(n_features))
         xavier_init_(self)
 
+    @property
+    def hidden_layer_sizes(self):
+        """Widths of the hidden layers, as built (the last Linear is the embedding)."""
+        widths = [
+            layer.out_features for layer in self.layers if isinstance(layer, nn.Linear)
+        ]
+        return tuple(widths[:-1])
+
     @torch.no_grad()
     def fit_normalization(self, x, input_format=None):
         """Learn the standardisation from training inputs ``x``.
@@ -292,8 +302,15 @@ def auto_network_name(input_shape):
 
 
 def build_network(name, input_shape, n_features, embedding_dim, hidden_layer_sizes):
-    """Build the built-in embedding network ``name`` for the given inputs."""
+    """Build the built-in embedding network ``name`` for the given inputs.
+
+    ``input_shape`` is the shape of one image as the network sees it (after
+    any resize or colour conversion), None for feature rows of
+    ``n_features`` values.
+    """
     if name == "mlp":
+        if input_shape is not None:
+            n_features = math.prod(input_shape)
         return MLPNet(n_features, tuple(hidden_layer_sizes), embedding_dim)
     if input_shape is None:
         raise ValueError(

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from sklearn.utils.validation import check_is_fitted
 
-from ._image_format import ImageFormat, formatted_shape
+from ._image_format import ImageFormat, format_settings, formatted_shape
 from ._networks import (
     NETWORKS,
     AssociationModel,
@@ -232,23 +232,14 @@ def _encode_fitted(estimator):
 
 
 def _encode_input_format(input_format):
-    if not isinstance(input_format, ImageFormat):
+    size, channels = format_settings(input_format)
+    if size is None and channels is None:
         return None
-    return {
-        "size": _to_json(input_format.size),
-        "channels": _to_json(input_format.channels),
-    }
+    return {"size": _to_json(size), "channels": _to_json(channels)}
 
 
 def _hidden_layer_sizes(embedder):
-    if not isinstance(embedder, MLPNet):
-        return []
-    widths = [
-        layer.out_features
-        for layer in embedder.layers
-        if isinstance(layer, torch.nn.Linear)
-    ]
-    return widths[:-1]  # the last Linear is the embedding layer
+    return list(embedder.hidden_layer_sizes) if isinstance(embedder, MLPNet) else []
 
 
 def _encode_classes(classes):
@@ -453,8 +444,7 @@ def _rebuild(metadata, weights, device):
     model = _build_model(
         network,
         network_shape,
-        # The MLP was built for the images as the format makes them.
-        math.prod(network_shape) if network_shape is not None else n_features,
+        n_features,
         embedding_dim,
         hidden,
         classes,

@@ -31,6 +31,13 @@ __all__ = [
 UNLABELED = -1
 
 
+def is_integer(value):
+    """Whether ``value`` is an integer (NumPy's included) and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
 def split_sample_shape(X):
     """Flatten samples of any rank to rows; return the rows and one sample's shape.
 
@@ -140,10 +147,7 @@ def resolve_image_shape(sample_shape, input_shape, n_features):
         Number of values per sample.
     """
     if input_shape is not None:
-        integers = all(
-            isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
-            for v in input_shape
-        )
+        integers = all(is_integer(v) for v in input_shape)
         shape = tuple(int(v) for v in input_shape) if integers else ()
         if len(shape) == 2:
             shape = (1, *shape)
@@ -254,6 +258,28 @@ def to_model_layout(rows, image_shape):
     return rows.reshape(rows.shape[0], *image_shape)
 
 
+def check_label_types(labels):
+    """Refuse labels that mix strings and numbers (they cannot be sorted).
+
+    Raises
+    ------
+    ValueError
+        If ``labels`` (of a class each, the ``-1`` markers left out) holds
+        strings next to other values.
+    """
+    labels = np.asarray(labels)
+    if labels.dtype.kind != "O":
+        return
+    strings = np.array([isinstance(v, str) for v in labels])
+    if strings.any() and not strings.all():
+        kinds = sorted({type(v).__name__ for v in labels})
+        raise ValueError(
+            "The labels of y must be all strings or all numbers (besides the "
+            f"-1 of unlabeled samples); got a mix of {', '.join(kinds)}. "
+            "Convert them to one type, e.g. y.astype(str)."
+        )
+
+
 def encode_semi_supervised_labels(y):
     """Split ``y`` into labeled samples and classes, with ``-1`` as unlabeled.
 
@@ -288,15 +314,7 @@ def encode_semi_supervised_labels(y):
             "Every label in y is -1 (unlabeled). Association training needs "
             "labeled samples of at least two classes."
         )
-    if y.dtype.kind == "O":
-        strings = np.array([isinstance(v, str) for v in y[labeled]])
-        if strings.any() and not strings.all():
-            kinds = sorted({type(v).__name__ for v in y[labeled]})
-            raise ValueError(
-                "The labels of y must be all strings or all numbers (besides "
-                f"the -1 of unlabeled samples); got a mix of {', '.join(kinds)}. "
-                "Convert them to one type, e.g. y.astype(str)."
-            )
+    check_label_types(y[labeled])
     check_classification_targets(y[labeled])
     classes, encoded_labeled = np.unique(y[labeled], return_inverse=True)
     if len(classes) < 2:

@@ -8,13 +8,12 @@ matplotlib is not a dependency of skassoc; these functions import it when
 they are called.
 """
 
-import numbers
-
 import numpy as np
 import torch
 from sklearn.utils.validation import check_is_fitted
 
 from ._losses import association_matrices
+from ._validation import is_integer
 
 __all__ = ["plot_association_graph", "plot_nearest_neighbors"]
 
@@ -37,9 +36,7 @@ def _import_matplotlib():
 
 
 def _positive_int(value, name):
-    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a positive int; got {value!r}.")
-    if value < 1:
+    if not is_integer(value) or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}.")
     return int(value)
 

@@ -5,6 +5,8 @@ import numbers
 import numpy as np
 from sklearn.utils import check_random_state
 
+from .._validation import check_label_types, is_integer
+
 __all__ = ["make_semi_supervised_labels"]
 
 
@@ -65,11 +67,7 @@ def make_semi_supervised_labels(
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D, got an array of shape {y.shape} instead.")
-    if (
-        not isinstance(labeled_per_class, numbers.Integral)
-        or isinstance(labeled_per_class, bool)
-        or labeled_per_class < 1
-    ):
+    if not is_integer(labeled_per_class) or labeled_per_class < 1:
         raise ValueError(
             "labeled_per_class must be a positive integer, got "
             f"{labeled_per_class!r} instead."
@@ -99,16 +97,8 @@ def make_semi_supervised_labels(
                 "pass a fully labeled y or a different unlabeled_label."
             )
 
-    try:
-        classes, y_indices, counts = np.unique(
-            y, return_inverse=True, return_counts=True
-        )
-    except TypeError as exc:
-        kinds = sorted({type(v).__name__ for v in y})
-        raise ValueError(
-            "The labels of y must be all strings or all numbers; got a mix of "
-            f"{', '.join(kinds)}. Convert them to one type, e.g. y.astype(str)."
-        ) from exc
+    check_label_types(y)
+    classes, y_indices, counts = np.unique(y, return_inverse=True, return_counts=True)
     too_small = counts < labeled_per_class
     if np.any(too_small):
         details = ", ".join(
