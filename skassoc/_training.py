@@ -404,32 +404,19 @@ def _keep_lr_tensor(optimizer, lr_tensors):
             group["lr"] = lr
 
 
-def _capture(step, scheduler, n_warmup, keep_lr, streams, warmup):
-    """Run ``n_warmup`` eager steps on a side stream, then capture one step.
+def _capture(step, stream):
+    """Capture one training step as a CUDA graph, on ``stream``.
 
-    ``keep_lr`` runs after every scheduler step (see :func:`_keep_lr_tensor`);
-    ``streams`` are the fit's (fit, warm-up, capture) streams; ``warmup`` (a
-    dict) counts the steps run as they complete, for an interrupt during
-    warm-up or capture.
+    The step must have run eagerly a few times first (the warm-up), on a
+    side stream: that allocates the optimizer state and lets cuDNN pick
+    its kernels outside the capture.
     """
-    _, side, capture_stream = streams
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(n_warmup):
-            step.prefetch()
-            step()
-            warmup["steps"] += 1
-            scheduler.step()
-            keep_lr()
-    torch.cuda.current_stream().wait_stream(side)
     step.optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
-    # A capture stream of this thread's own (torch.cuda.graph's default one is
+    # A capture stream of this fit's own (torch.cuda.graph's default one is
     # shared by all threads), and "thread_local" mode: fits in other threads
     # (GridSearchCV under the threading backend) may use CUDA meanwhile.
-    with torch.cuda.graph(
-        graph, stream=capture_stream, capture_error_mode="thread_local"
-    ):
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         step()
     return graph
 
@@ -534,23 +521,23 @@ def _train(model, batches, config, device, streams):
         )
 
     graph = None
-    # The graph's eager warm-up steps (none on the eager path).
-    warmup = {"steps": 0}
     completed = 0
     try:
         lock = cuda_rng_lock(device)
         if use_graph:
-            n_warmup = min(_GRAPH_WARMUP_STEPS, config.max_iter)
+            # Eager warm-up steps on a side stream, then the capture.
+            _, side, capture_stream = streams
             with lock:
-                graph = _capture(
-                    step,
-                    scheduler,
-                    n_warmup,
-                    lambda: _keep_lr_tensor(optimizer, lr_tensors),
-                    streams,
-                    warmup,
-                )
-            completed = n_warmup
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    while completed < min(_GRAPH_WARMUP_STEPS, config.max_iter):
+                        step.prefetch()
+                        step()
+                        completed += 1
+                        scheduler.step()
+                        _keep_lr_tensor(optimizer, lr_tensors)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = _capture(step, capture_stream)
         while completed < config.max_iter:
             step.prefetch()
             with lock:
@@ -573,8 +560,6 @@ def _train(model, batches, config, device, streams):
         result.interrupted = True
         # The losses of the steps that did complete are still worth keeping;
         # a loss that went non-finite before the interrupt still raises.
-        # Interrupted during the graph's warm-up or capture: count its steps.
-        completed = max(completed, warmup["steps"])
         read_losses(completed)
     finally:
         progress.close()
