@@ -1,5 +1,6 @@
 """What the benchmark scripts share: where the data is, what ran them."""
 
+import datetime
 import os
 import platform
 import subprocess
@@ -171,6 +172,27 @@ def fit_and_evaluate(params, X, y, X_test, y_test, device):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return record
+
+
+def _started(record):
+    try:
+        return datetime.datetime.strptime(record["started"], "%Y-%m-%d %H:%M:%S %z")
+    except (KeyError, TypeError, ValueError):
+        return datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+
+
+def keep_better_run(current, candidate):
+    """Of two records of one run (e.g. from files being merged), the one to keep.
+
+    A finished run beats a failed one; between equals, the one trained last
+    (its ``started`` time, when recorded) and otherwise ``candidate`` wins.
+    """
+    if current is None:
+        return candidate
+    ok, current_ok = candidate.get("status") == "ok", current.get("status") == "ok"
+    if ok != current_ok:
+        return candidate if ok else current
+    return candidate if _started(candidate) >= _started(current) else current
 
 
 def summarize(values):

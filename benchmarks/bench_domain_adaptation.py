@@ -52,6 +52,7 @@ from _common import (
     REPO_ROOT,
     default_data_home,
     environment,
+    keep_better_run,
     resolve_device,
     run_and_record,
     shortened_schedule,
@@ -218,14 +219,8 @@ def merge(paths, out):
             earlier = runs.get(key)
             if earlier is not None and earlier.get("params") != run.get("params"):
                 sys.exit(f"{path} holds another run of {key} with other parameters")
-            # The same run twice (a file merged again) counts once; a
-            # finished run beats a failed one.
-            if (
-                earlier is None
-                or run.get("status") == "ok"
-                or earlier.get("status") != "ok"
-            ):
-                runs[key] = run
+            # The same run twice (a file merged again) counts once.
+            runs[key] = keep_better_run(earlier, run)
     records, text = table(list(runs.values()))
     environments = [env for part in parts for env in _as_list(part["environment"])]
     if out is None:

@@ -76,7 +76,6 @@ estimate; with ``--shard I/N`` one process per GPU, then ``--merge``)::
 
 import argparse
 import copy
-import datetime
 import hashlib
 import json
 import math
@@ -92,6 +91,7 @@ from _common import (
     REPO_ROOT,
     default_data_home,
     environment,
+    keep_better_run,
 )
 
 # Benchmark the checkout this script belongs to, installed or not.
@@ -820,13 +820,6 @@ class Output:
         return rst
 
 
-def _started(record):
-    try:
-        return datetime.datetime.strptime(record["started"], "%Y-%m-%d %H:%M:%S %z")
-    except (KeyError, TypeError, ValueError):
-        return datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
-
-
 def load_results(paths):
     """Runs and rows of earlier JSON files.
 
@@ -840,17 +833,7 @@ def load_results(paths):
             old = json.load(f)
         metas.append(old.get("meta", {}))
         for key, record in old.get("runs", {}).items():
-            current = runs.get(key)
-            ok, current_ok = (
-                record.get("status") == "ok",
-                (current or {}).get("status") == "ok",
-            )
-            if (
-                current is None
-                or (ok and not current_ok)
-                or (ok == current_ok and _started(record) >= _started(current))
-            ):
-                runs[key] = record
+            runs[key] = keep_better_run(runs.get(key), record)
         rows = merge_rows(rows, old.get("rows", []))
     return runs, rows, metas
 
