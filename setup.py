@@ -23,6 +23,8 @@ setup(
     install_requires=[
         "numpy>=1.23",
         "scikit-learn>=1.6",
+        # load_svhn reads MATLAB files (scikit-learn depends on it as well).
+        "scipy>=1.9",
         "torch>=2.2",
         "joblib>=1.2",
         "tqdm>=4.60",
