@@ -736,15 +736,40 @@ def common_notes(meta):
     return notes
 
 
+def run_devices(runs, meta):
+    """The devices the runs trained on, with how many each when they differ.
+
+    Merged shards and resumed runs may come from different machines; the
+    header must not name only the first shard's.
+    """
+    counts = {}
+    for run in runs.values():
+        if run.get("device"):
+            counts[run["device"]] = counts.get(run["device"], 0) + 1
+    if len(counts) <= 1:
+        return next(iter(counts), meta.get("device", "?"))
+    listed = sorted(counts.items(), key=lambda item: -item[1])
+    return "runs on " + ", ".join(f"{name} ({n})" for name, n in listed)
+
+
+def git_revisions(meta):
+    """Every revision of skassoc that a merged file's shards ran, in order."""
+    revisions = [meta.get("git_revision")]
+    for shard in meta.get("shards", []):
+        # A shard may itself be a merged file (merged again later).
+        revisions += git_revisions(shard)
+    return list(dict.fromkeys(r for r in revisions if r and r != "?")) or ["?"]
+
+
 def render(results):
     """The tables as (plain text / RST, Markdown)."""
     meta = results["meta"]
     runs = results["runs"]
     rows = results["rows"]
     header_line = (
-        f"{meta.get('device', '?')} | torch {meta.get('torch')} | "
+        f"{run_devices(runs, meta)} | torch {meta.get('torch')} | "
         f"CUDA {meta.get('cuda')} | scikit-learn {meta.get('sklearn')} | "
-        f"skassoc {meta.get('skassoc')} ({meta.get('git_revision')}) | "
+        f"skassoc {meta.get('skassoc')} ({', '.join(git_revisions(meta))}) | "
         f"{meta.get('date')}"
     )
     title = "MNIST: learning by association (Haeusser et al., CVPR 2017)"

@@ -141,3 +141,19 @@ def test_the_current_plan_replaces_older_rows(bench_mnist):
     new = {**old, "draws": 2}
     assert bench_mnist.merge_rows([old], [new]) == [old]
     assert bench_mnist.merge_rows([old], [new], prefer_new=True) == [new]
+
+
+def test_header_names_every_device_the_runs_trained_on(bench_mnist):
+    meta = {"device": "GPU A"}
+    one = {"k/0": {"device": "GPU A"}, "k/1": {"device": "GPU A"}}
+    assert bench_mnist.run_devices(one, meta) == "GPU A"
+    # Shards merged from two machines: the first shard's device is not all.
+    two = {**one, "k/2": {"device": "GPU B"}}
+    assert bench_mnist.run_devices(two, meta) == "runs on GPU A (2), GPU B (1)"
+    assert bench_mnist.run_devices({}, meta) == "GPU A"
+    merged_twice = {
+        "git_revision": "a",
+        "shards": [{"git_revision": "a", "shards": [{"git_revision": "c"}]}, {}],
+    }
+    assert bench_mnist.git_revisions(merged_twice) == ["a", "c"]
+    assert bench_mnist.git_revisions({}) == ["?"]
