@@ -17,6 +17,7 @@ import pytest
 import scipy.io
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 
 # Keys of the environment record that every result file starts with.
 ENVIRONMENT_KEYS = {
@@ -243,6 +244,8 @@ def test_bench_svhn_failed_run_is_recorded(bench, tmp_path, capsys):
         ("bench_svhn", ["--max-iter", "0"], "--max-iter must be at least 1"),
         ("bench_stl10", ["--labels-per-class", "0"], "--labels-per-class must be"),
         ("bench_stl10", ["--unlabeled-subset", "0"], "--unlabeled-subset must be"),
+        ("bench_concurrency", ["--streams", "0"], "positive integers"),
+        ("bench_concurrency", ["--precisions", "fp16"], "tf32 and/or bf16"),
     ],
 )
 def test_bench_invalid_arguments(bench, capsys, script, args, match):
@@ -314,3 +317,35 @@ def test_domain_adaptation_merge(bench, tmp_path):
         da.merge([a, _da_file(tmp_path / "c.json", [], device_type="cpu")], None)
     with pytest.raises(SystemExit):
         da.parse_args(["--seeds", "0", "0"])
+
+
+def test_bench_concurrency_needs_a_gpu(bench, monkeypatch):
+    script = bench("bench_concurrency")
+    monkeypatch.setattr(script.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        script.main(["--steps", "1"])
+
+
+def test_bench_speed_smoke(bench, tmp_path, capsys, torch_single_thread):
+    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"real MNIST files not found in {MNIST_DIR}")
+    out = tmp_path / "speed.json"
+    bench("bench_speed").main(
+        [
+            "--device=cpu",
+            f"--data-home={MNIST_DIR}",
+            "--steps=3",
+            "--warmup-steps=2",
+            "--predict-rows=200",
+            "--eval-rows=100",
+            "--accuracy-steps=3",
+            "--accuracy-recipe=improved",
+            f"--json={out}",
+        ]
+    )
+    results = json.loads(out.read_text())
+    assert results["training"]["skassoc"]["steps_per_s"] > 0
+    accuracy = results["time_to_accuracy"]
+    assert accuracy["recipe"] == "improved"
+    assert [fit["max_iter"] for fit in accuracy["fits"]] == [3]
+    assert "recipe 'improved'" in capsys.readouterr().out

@@ -1,0 +1,196 @@
+"""How much one GPU gains from running several small training steps at once.
+
+``GridSearchCV(n_jobs=k)`` with ``device="cuda"`` fits candidates in threads,
+each on a CUDA stream of its own, so the GPU may run their steps side by
+side. This script measures the most that can gain at the paper's batch size
+(100 labeled + 100 unlabeled MNIST-sized images a step), free of anything
+skassoc does: the paper's network and losses as written in
+``bench_speed.py`` (the bare loop's), Adam with ``capturable=True``, each
+model's step captured as a CUDA graph on random inputs. Measured, for
+TF32 (``float32`` tensors, TF32 matrix products and convolutions) and for
+bf16 autocast:
+
+(a) one graph replayed alone: milliseconds a step;
+(b) ``N`` independent models (``--streams``), their graphs replayed in turn
+    from one thread, each on a stream of its own: milliseconds a step per
+    model, and the speed-up over (a) (the most that ``N`` fits in threads
+    can gain, without Python, locks or synchronisation in the way);
+(c) one model whose batch holds ``N`` x 200 images: milliseconds per 200
+    images (the most that stacking ``N`` candidates into one network, e.g.
+    with grouped convolutions or ``torch.func.vmap``, could gain).
+
+Run on a GPU (about a minute)::
+
+    python benchmarks/bench_concurrency.py
+
+Results go to ``--json`` (default ``benchmarks/results/concurrency_cuda.json``).
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+from _common import REPO_ROOT, environment, text_table, write_json
+from bench_speed import BareMNISTNet, bare_losses
+
+IMAGES_PER_STEP = 200
+LABELED = 100
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--streams",
+        type=int,
+        nargs="+",
+        default=[2, 4, 8],
+        help="numbers of models replayed side by side, and batch multiples of (c)",
+    )
+    parser.add_argument("--steps", type=int, default=500, help="timed replays")
+    parser.add_argument("--precisions", nargs="+", default=["tf32", "bf16"])
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if min(args.streams) < 1 or args.steps < 1:
+        parser.error("--streams and --steps take positive integers")
+    unknown = set(args.precisions) - {"tf32", "bf16"}
+    if unknown:
+        parser.error(f"--precisions takes tf32 and/or bf16, got {sorted(unknown)}")
+    return args
+
+
+def captured_step(device, bf16, images=IMAGES_PER_STEP, seed=0):
+    """A fresh model's training step on fixed random inputs, as a CUDA graph.
+
+    Returns the graph and the step function: the graph holds no Python
+    references to the tensors it reads, so the caller must keep the step.
+    """
+    torch.manual_seed(seed)
+    model = BareMNISTNet().to(device)
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=torch.tensor(1e-3, device=device), capturable=True
+    )
+    x = torch.randint(0, 256, (images, 1, 28, 28), device=device).float()
+    labels = torch.arange(LABELED * images // IMAGES_PER_STEP, device=device) % 10
+    n_labeled = len(labels)
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16, enabled=bf16, cache_enabled=False):
+            embeddings = model.embed(x)
+        embeddings = embeddings.float()
+        losses = bare_losses(
+            model, embeddings[:n_labeled], embeddings[n_labeled:], labels
+        )
+        optimizer.zero_grad(set_to_none=False)
+        sum(losses).backward()
+        optimizer.step()
+
+    # Eager warm-up on a side stream (optimizer state, cuDNN autotuning).
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph, step
+
+
+def seconds_per_round(graphs, streams, rounds, device):
+    """Wall seconds per round of one replay of every graph, each on its stream."""
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for graph, stream in zip(graphs, streams):
+            with torch.cuda.stream(stream):
+                graph.replay()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / rounds
+
+
+def measure(precision, args, device):
+    bf16 = precision == "bf16"
+    n_max = max(args.streams)
+    steps = [captured_step(device, bf16, seed=i) for i in range(n_max)]
+    graphs = [graph for graph, _ in steps]
+    streams = [torch.cuda.Stream(device) for _ in range(n_max)]
+    seconds_per_round(graphs, streams, 20, device)  # warm-up
+    alone = seconds_per_round(graphs[:1], streams[:1], args.steps, device)
+    rows = [{"models": 1, "ms_per_step": alone * 1e3, "speedup": 1.0}]
+    for n in args.streams:
+        if n == 1:
+            continue
+        per_step = seconds_per_round(graphs[:n], streams[:n], args.steps, device) / n
+        rows.append(
+            {"models": n, "ms_per_step": per_step * 1e3, "speedup": alone / per_step}
+        )
+    del steps, graphs
+    stacked = []
+    for n in args.streams:
+        graph, step = captured_step(device, bf16, images=n * IMAGES_PER_STEP)
+        stream = torch.cuda.Stream(device)
+        seconds_per_round([graph], [stream], 10, device)
+        seconds = seconds_per_round([graph], [stream], args.steps, device)
+        per_200 = seconds / n
+        stacked.append(
+            {
+                "batch_multiple": n,
+                "images_per_step": n * IMAGES_PER_STEP,
+                "ms_per_step": seconds * 1e3,
+                "ms_per_200_images": per_200 * 1e3,
+                "speedup": alone / per_200,
+            }
+        )
+        del graph, step
+    return {"side_by_side": rows, "stacked": stacked}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "error: bench_concurrency.py measures CUDA streams and graphs and "
+            "needs a GPU; torch sees none."
+        )
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    out = args.json or REPO_ROOT / "benchmarks" / "results" / "concurrency_cuda.json"
+    results = {"environment": environment(device), "args": vars(args)}
+    for precision in args.precisions:
+        results[precision] = measure(precision, args, device)
+        write_json(out, results)
+        side = results[precision]["side_by_side"]
+        print(f"\n{precision}: models replayed side by side, one stream each")
+        print(
+            text_table(
+                ["Models", "ms a step per model", "Speed-up"],
+                [
+                    [r["models"], f"{r['ms_per_step']:.3f}", f"{r['speedup']:.2f}x"]
+                    for r in side
+                ],
+            )
+        )
+        print(f"\n{precision}: one model, batch of N x {IMAGES_PER_STEP} images")
+        print(
+            text_table(
+                ["N", "ms a step", f"ms per {IMAGES_PER_STEP} images", "Speed-up"],
+                [
+                    [
+                        r["batch_multiple"],
+                        f"{r['ms_per_step']:.3f}",
+                        f"{r['ms_per_200_images']:.3f}",
+                        f"{r['speedup']:.2f}x",
+                    ]
+                    for r in results[precision]["stacked"]
+                ],
+            )
+        )
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
