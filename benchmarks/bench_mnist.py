@@ -736,14 +736,24 @@ def common_notes(meta):
     return notes
 
 
+def _trained_runs(runs):
+    """One record per finished training: runs shared by several keys once."""
+    unique = {}
+    for key, run in runs.items():
+        if run.get("status", "ok") == "ok":
+            unique.setdefault(run.get("signature") or key, run)
+    return list(unique.values())
+
+
 def run_devices(runs, meta):
-    """The devices the runs trained on, with how many each when they differ.
+    """The devices the finished runs trained on, with how many runs each.
 
     Merged shards and resumed runs may come from different machines; the
-    header must not name only the first shard's.
+    header must not name only the first shard's. A run shared by several
+    table entries counts once.
     """
     counts = {}
-    for run in runs.values():
+    for run in _trained_runs(runs):
         if run.get("device"):
             counts[run["device"]] = counts.get(run["device"], 0) + 1
     if len(counts) <= 1:
@@ -752,12 +762,17 @@ def run_devices(runs, meta):
     return "runs on " + ", ".join(f"{name} ({n})" for name, n in listed)
 
 
-def git_revisions(meta):
-    """Every revision of skassoc that a merged file's shards ran, in order."""
+def git_revisions(meta, runs=None):
+    """Every revision of skassoc behind the results, in order of appearance.
+
+    From the file's metadata, the shards merged into it and the runs
+    themselves (runs record their revision; older ones may not).
+    """
     revisions = [meta.get("git_revision")]
     for shard in meta.get("shards", []):
         # A shard may itself be a merged file (merged again later).
         revisions += git_revisions(shard)
+    revisions += [run.get("git_revision") for run in _trained_runs(runs or {})]
     return list(dict.fromkeys(r for r in revisions if r and r != "?")) or ["?"]
 
 
@@ -769,7 +784,7 @@ def render(results):
     header_line = (
         f"{run_devices(runs, meta)} | torch {meta.get('torch')} | "
         f"CUDA {meta.get('cuda')} | scikit-learn {meta.get('sklearn')} | "
-        f"skassoc {meta.get('skassoc')} ({', '.join(git_revisions(meta))}) | "
+        f"skassoc {meta.get('skassoc')} ({', '.join(git_revisions(meta, runs))}) | "
         f"{meta.get('date')}"
     )
     title = "MNIST: learning by association (Haeusser et al., CVPR 2017)"
@@ -1150,6 +1165,7 @@ def main(argv=None):
                 "signature": signature,
                 "config": config,
                 "device": meta["device"],
+                "git_revision": meta["git_revision"],
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             }
             run_start = time.perf_counter()

@@ -145,15 +145,30 @@ def test_the_current_plan_replaces_older_rows(bench_mnist):
 
 def test_header_names_every_device_the_runs_trained_on(bench_mnist):
     meta = {"device": "GPU A"}
-    one = {"k/0": {"device": "GPU A"}, "k/1": {"device": "GPU A"}}
+    one = {
+        "k/0": {"device": "GPU A", "signature": "s0"},
+        "k/1": {"device": "GPU A", "signature": "s1"},
+    }
     assert bench_mnist.run_devices(one, meta) == "GPU A"
     # Shards merged from two machines: the first shard's device is not all.
-    two = {**one, "k/2": {"device": "GPU B"}}
+    # A run shared by two table entries counts once, a failed run not at all.
+    two = {
+        **one,
+        "k/2": {"device": "GPU B", "signature": "s2"},
+        "other/2": {"device": "GPU B", "signature": "s2"},
+        "k/3": {"device": "GPU C", "signature": "s3", "status": "error"},
+    }
     assert bench_mnist.run_devices(two, meta) == "runs on GPU A (2), GPU B (1)"
     assert bench_mnist.run_devices({}, meta) == "GPU A"
+
+
+def test_header_names_every_revision_behind_the_results(bench_mnist):
     merged_twice = {
         "git_revision": "a",
         "shards": [{"git_revision": "a", "shards": [{"git_revision": "c"}]}, {}],
     }
     assert bench_mnist.git_revisions(merged_twice) == ["a", "c"]
+    # Resumed runs record their own revision; the file's metadata does not.
+    runs = {"k/0": {"signature": "s0", "git_revision": "d"}, "k/1": {"signature": "s1"}}
+    assert bench_mnist.git_revisions({"git_revision": "a"}, runs) == ["a", "d"]
     assert bench_mnist.git_revisions({}) == ["?"]
