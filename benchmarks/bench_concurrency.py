@@ -15,9 +15,12 @@ bf16 autocast:
     from one thread, each on a stream of its own: milliseconds a step per
     model, and the speed-up over (a) (the most that ``N`` fits in threads
     can gain, without Python, locks or synchronisation in the way);
-(c) one model whose batch holds ``N`` x 200 images: milliseconds per 200
-    images (the most that stacking ``N`` candidates into one network, e.g.
-    with grouped convolutions or ``torch.func.vmap``, could gain).
+(c) one model whose batch holds ``N`` x 200 images (half labeled): the
+    milliseconds per 200 images estimate what stacking ``N`` candidates into
+    one network (grouped convolutions, ``torch.func.vmap``) could gain. It
+    is an estimate: the stacked candidates would have ``N`` sets of weights
+    and ``N`` association matrices of 100 x 100, where this model has one
+    set of weights and one matrix of ``100 N`` x ``100 N``.
 
 Run on a GPU (about a minute)::
 
@@ -48,14 +51,27 @@ def parse_args(argv=None):
         help="numbers of models replayed side by side, and batch multiples of (c)",
     )
     parser.add_argument("--steps", type=int, default=500, help="timed replays")
-    parser.add_argument("--precisions", nargs="+", default=["tf32", "bf16"])
-    parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["tf32", "bf16"],
+        help="tf32 (float32 tensors, TF32 arithmetic) and/or bf16 (autocast)",
+    )
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="results file (default benchmarks/results/concurrency_cuda.json)",
+    )
     args = parser.parse_args(argv)
     if min(args.streams) < 1 or args.steps < 1:
         parser.error("--streams and --steps take positive integers")
     unknown = set(args.precisions) - {"tf32", "bf16"}
     if unknown:
         parser.error(f"--precisions takes tf32 and/or bf16, got {sorted(unknown)}")
+    # Each figure once: a repeated value would be measured twice and, for a
+    # precision, overwrite its own results.
+    args.streams = sorted(set(args.streams))
+    args.precisions = list(dict.fromkeys(args.precisions))
     return args
 
 
@@ -111,6 +127,16 @@ def seconds_per_round(graphs, streams, rounds, device):
 
 
 def measure(precision, args, device):
+    """Parts (a) to (c) in one precision.
+
+    Returns
+    -------
+    results : dict
+        ``"side_by_side"``: rows of (a) and (b) (``models``, ``ms_per_step``
+        per model, ``speedup`` over one model alone); ``"stacked"``: rows of
+        (c) (``batch_multiple``, ``images_per_step``, ``ms_per_step``,
+        ``ms_per_200_images``, ``speedup``).
+    """
     bf16 = precision == "bf16"
     n_max = max(args.streams)
     steps = [captured_step(device, bf16, seed=i) for i in range(n_max)]
@@ -148,6 +174,7 @@ def measure(precision, args, device):
 
 
 def main(argv=None):
+    """Measure, print the tables and write the JSON; see the module docstring."""
     args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit(
@@ -155,11 +182,25 @@ def main(argv=None):
             "needs a GPU; torch sees none."
         )
     device = torch.device("cuda")
+    if "bf16" in args.precisions and not torch.cuda.is_bf16_supported():
+        # Autocast would fall back to float32 with only a warning, and the
+        # float32 figures would be recorded as bf16.
+        raise SystemExit(
+            "error: this GPU has no bf16 arithmetic; run with --precisions tf32."
+        )
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     out = args.json or REPO_ROOT / "benchmarks" / "results" / "concurrency_cuda.json"
-    results = {"environment": environment(device), "args": vars(args)}
+    results = {
+        "environment": environment(device),
+        "args": {**vars(args), "json": str(out)},
+        "backend": {
+            "cudnn_benchmark": True,
+            "cudnn_allow_tf32": True,
+            "matmul_allow_tf32": True,
+        },
+    }
     for precision in args.precisions:
         results[precision] = measure(precision, args, device)
         write_json(out, results)

@@ -1,8 +1,11 @@
-"""Smoke tests of benchmarks/bench_svhn.py and benchmarks/bench_stl10.py.
+"""Smoke tests of the benchmark scripts (bench_mnist.py has its own file).
 
-The scripts run on tiny fake data sets written into tmp_path, for a few
-training steps on the CPU: the point is that they read the files, train,
-write their JSON and table, and fail clearly without data, not the figures.
+bench_svhn.py and bench_stl10.py run on tiny fake data sets written into
+tmp_path, bench_speed.py on the real MNIST files when they are there, all for
+a few training steps on the CPU: the point is that they read the files,
+train, write their JSON and table, and fail clearly without data, not the
+figures. bench_concurrency.py needs a GPU: only its argument checks and its
+refusal without one are tested here.
 """
 
 import importlib
@@ -244,6 +247,7 @@ def test_bench_svhn_failed_run_is_recorded(bench, tmp_path, capsys):
         ("bench_svhn", ["--max-iter", "0"], "--max-iter must be at least 1"),
         ("bench_stl10", ["--labels-per-class", "0"], "--labels-per-class must be"),
         ("bench_stl10", ["--unlabeled-subset", "0"], "--unlabeled-subset must be"),
+        ("bench_speed", ["--accuracy-recipe", "domain_adaptation"], "invalid choice"),
         ("bench_concurrency", ["--streams", "0"], "positive integers"),
         ("bench_concurrency", ["--precisions", "fp16"], "tf32 and/or bf16"),
     ],
@@ -326,11 +330,19 @@ def test_bench_concurrency_needs_a_gpu(bench, monkeypatch):
         script.main(["--steps", "1"])
 
 
-def test_bench_speed_smoke(bench, tmp_path, capsys, torch_single_thread):
+def test_bench_speed_smoke(bench, tmp_path, capsys, monkeypatch, torch_single_thread):
     if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"real MNIST files not found in {MNIST_DIR}")
-    out = tmp_path / "speed.json"
-    bench("bench_speed").main(
+    script = bench("bench_speed")
+    recipe_params = script.recipe_params
+    requested = []
+
+    def recording_recipe_params(name):
+        requested.append(name)
+        return recipe_params(name)
+
+    monkeypatch.setattr(script, "recipe_params", recording_recipe_params)
+    script.main(
         [
             "--device=cpu",
             f"--data-home={MNIST_DIR}",
@@ -340,12 +352,22 @@ def test_bench_speed_smoke(bench, tmp_path, capsys, torch_single_thread):
             "--eval-rows=100",
             "--accuracy-steps=3",
             "--accuracy-recipe=improved",
-            f"--json={out}",
+            f"--json={tmp_path / 'speed.json'}",
         ]
     )
-    results = json.loads(out.read_text())
+    # (b) fits the paper's recipe; the fit of (c) the recipe asked for.
+    assert requested[-1] == "improved" and "paper" in requested[:-1]
+    results = json.loads((tmp_path / "speed.json").read_text())
     assert results["training"]["skassoc"]["steps_per_s"] > 0
     accuracy = results["time_to_accuracy"]
     assert accuracy["recipe"] == "improved"
     assert [fit["max_iter"] for fit in accuracy["fits"]] == [3]
     assert "recipe 'improved'" in capsys.readouterr().out
+
+
+def test_bench_concurrency_measures_each_setting_once(bench):
+    args = bench("bench_concurrency").parse_args(
+        ["--streams", "8", "2", "8", "--precisions", "bf16", "tf32", "bf16"]
+    )
+    assert args.streams == [2, 8]
+    assert args.precisions == ["bf16", "tf32"]
