@@ -2,9 +2,9 @@
 
 ``GridSearchCV(n_jobs=k)`` with ``device="cuda"`` fits candidates in threads,
 each on a CUDA stream of its own, so the GPU may run their steps side by
-side. This script measures the most that can gain at the paper's batch size
-(100 labeled + 100 unlabeled MNIST-sized images a step), free of anything
-skassoc does: the paper's network and losses as written in
+side. Parts (a) to (c) measure the most that can gain at the paper's batch
+size (100 labeled + 100 unlabeled MNIST-sized images a step), free of
+anything skassoc does: the paper's network and losses as written in
 ``bench_speed.py`` (the bare loop's), Adam with ``capturable=True``, each
 model's step captured as a CUDA graph on random inputs. Measured, for
 TF32 (``float32`` tensors, TF32 matrix products and convolutions) and for
@@ -20,7 +20,15 @@ bf16 autocast:
     one network (grouped convolutions, ``torch.func.vmap``) could gain. It
     is an estimate: the stacked candidates would have ``N`` sets of weights
     and ``N`` association matrices of 100 x 100, where this model has one
-    set of weights and one matrix of ``100 N`` x ``100 N``.
+    set of weights and one matrix of ``100 N`` x ``100 N``;
+(d) skassoc itself: ``N`` fits of ``--fit-steps`` steps (recipe
+    ``"paper"``, ``device="cuda"`` and the precision at hand, on synthetic
+    28 x 28 images, 100 of them labeled) one after another, then at once in
+    ``N`` threads of this process, as ``GridSearchCV`` under joblib's
+    threading backend runs them: wall time of the whole fits (validation,
+    copy to the GPU, capture), milliseconds a step per fit, and the speed-up
+    of the threads. Compare its milliseconds with those of (b): skassoc's
+    step alone is faster than this script's, so it has less to gain.
 
 Run on a GPU (about a minute)::
 
@@ -32,10 +40,17 @@ Results go to ``--json`` (default ``benchmarks/results/concurrency_cuda.json``).
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from _common import REPO_ROOT, environment, text_table, write_json
 from bench_speed import BareMNISTNet, bare_losses
+
+# Benchmark the checkout this script belongs to, installed or not.
+sys.path.insert(0, str(REPO_ROOT))
+
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
 
 IMAGES_PER_STEP = 200
 LABELED = 100
@@ -52,6 +67,18 @@ def parse_args(argv=None):
     )
     parser.add_argument("--steps", type=int, default=500, help="timed replays")
     parser.add_argument(
+        "--fit-steps",
+        type=int,
+        default=1000,
+        help="steps of each skassoc fit in (d); 0 skips (d)",
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=10_000,
+        help="synthetic images each skassoc fit of (d) gets (100 labeled)",
+    )
+    parser.add_argument(
         "--precisions",
         nargs="+",
         default=["tf32", "bf16"],
@@ -65,6 +92,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if min(args.streams) < 1 or args.steps < 1:
         parser.error("--streams and --steps take positive integers")
+    if args.fit_steps < 0:
+        parser.error("--fit-steps takes 0 (skip) or a positive integer")
+    if args.pool_size < 200:
+        parser.error("--pool-size must be at least 200 (100 labeled images)")
     unknown = set(args.precisions) - {"tf32", "bf16"}
     if unknown:
         parser.error(f"--precisions takes tf32 and/or bf16, got {sorted(unknown)}")
@@ -127,7 +158,7 @@ def seconds_per_round(graphs, streams, rounds, device):
 
 
 def measure(precision, args, device):
-    """Parts (a) to (c) in one precision.
+    """Parts (a) to (d) in one precision.
 
     Returns
     -------
@@ -135,7 +166,8 @@ def measure(precision, args, device):
         ``"side_by_side"``: rows of (a) and (b) (``models``, ``ms_per_step``
         per model, ``speedup`` over one model alone); ``"stacked"``: rows of
         (c) (``batch_multiple``, ``images_per_step``, ``ms_per_step``,
-        ``ms_per_200_images``, ``speedup``).
+        ``ms_per_200_images``, ``speedup``); ``"skassoc_threads"`` (unless
+        ``--fit-steps 0``): rows of (d), see :func:`measure_fits`.
     """
     bf16 = precision == "bf16"
     n_max = max(args.streams)
@@ -170,7 +202,74 @@ def measure(precision, args, device):
             }
         )
         del graph, step
-    return {"side_by_side": rows, "stacked": stacked}
+    results = {"side_by_side": rows, "stacked": stacked}
+    if args.fit_steps:
+        results["skassoc_threads"] = measure_fits(precision, args, device)
+    return results
+
+
+def synthetic_images(n_images, seed=0):
+    """Random 28 x 28 uint8 images with 10 labels of each of 10 classes."""
+    rng = np.random.default_rng(seed)
+    X = rng.integers(0, 256, size=(n_images, 28, 28), dtype=np.uint8)
+    y = np.full(n_images, -1)
+    y[:100] = np.arange(100) % 10
+    return X, y
+
+
+def measure_fits(precision, args, device):
+    """Part (d): skassoc fits on ``device`` one after another, then in threads.
+
+    Returns
+    -------
+    rows : list of dict
+        ``fits``, ``serial_s`` (``fits`` fits one after another; for fewer
+        than the largest ``N``, that many times the mean fit of the largest
+        serial run), ``threads_s``, ``ms_per_step`` (threads' wall time per
+        step of each fit) and ``speedup``.
+    """
+    X, y = synthetic_images(args.pool_size)
+
+    def fit(seed, steps=args.fit_steps):
+        params = recipe_params("paper")
+        params.update(
+            max_iter=steps, device=str(device), precision=precision, random_state=seed
+        )
+        SemiSupervisedAssociationClassifier(**params).fit(X, y)
+
+    # cuDNN autotuning, CUDA context, first capture.
+    fit(0, steps=min(50, args.fit_steps))
+    n_max = max(args.streams)
+    start = time.perf_counter()
+    for seed in range(n_max):
+        fit(seed)
+    per_fit = (time.perf_counter() - start) / n_max
+    rows = [
+        {
+            "fits": 1,
+            "serial_s": per_fit,
+            "threads_s": per_fit,
+            "ms_per_step": per_fit / args.fit_steps * 1e3,
+            "speedup": 1.0,
+        }
+    ]
+    for n in args.streams:
+        if n == 1:
+            continue
+        start = time.perf_counter()
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(fit, range(n)))
+        threads = time.perf_counter() - start
+        rows.append(
+            {
+                "fits": n,
+                "serial_s": n * per_fit,
+                "threads_s": threads,
+                "ms_per_step": threads / (n * args.fit_steps) * 1e3,
+                "speedup": n * per_fit / threads,
+            }
+        )
+    return rows
 
 
 def main(argv=None):
@@ -230,6 +329,26 @@ def main(argv=None):
                 ],
             )
         )
+        if "skassoc_threads" in results[precision]:
+            print(
+                f"\n{precision}: skassoc fits of {args.fit_steps} steps, "
+                "one after another and in threads"
+            )
+            print(
+                text_table(
+                    ["Fits", "Serial s", "Threads s", "ms a step per fit", "Speed-up"],
+                    [
+                        [
+                            r["fits"],
+                            f"{r['serial_s']:.2f}",
+                            f"{r['threads_s']:.2f}",
+                            f"{r['ms_per_step']:.3f}",
+                            f"{r['speedup']:.2f}x",
+                        ]
+                        for r in results[precision]["skassoc_threads"]
+                    ],
+                )
+            )
     print(f"\nwrote {out}")
 
 

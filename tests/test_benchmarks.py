@@ -250,6 +250,8 @@ def test_bench_svhn_failed_run_is_recorded(bench, tmp_path, capsys):
         ("bench_speed", ["--accuracy-recipe", "domain_adaptation"], "invalid choice"),
         ("bench_concurrency", ["--streams", "0"], "positive integers"),
         ("bench_concurrency", ["--precisions", "fp16"], "tf32 and/or bf16"),
+        ("bench_concurrency", ["--fit-steps", "-1"], "--fit-steps takes 0"),
+        ("bench_concurrency", ["--pool-size", "100"], "at least 200"),
     ],
 )
 def test_bench_invalid_arguments(bench, capsys, script, args, match):
@@ -371,3 +373,22 @@ def test_bench_concurrency_measures_each_setting_once(bench):
     )
     assert args.streams == [2, 8]
     assert args.precisions == ["bf16", "tf32"]
+
+
+def test_bench_concurrency_skassoc_fits_in_threads(bench, torch_single_thread):
+    # Part (d) on the CPU: the same fits, one after another and in threads.
+    script = bench("bench_concurrency")
+    args = script.parse_args(
+        ["--streams", "2", "--fit-steps", "2", "--pool-size", "200"]
+    )
+    X, y = script.synthetic_images(args.pool_size)
+    assert X.shape == (200, 28, 28) and X.dtype == np.uint8
+    assert (y != -1).sum() == 100 and np.bincount(y[y != -1]).tolist() == [10] * 10
+    rows = script.measure_fits("fp32", args, "cpu")
+    assert [row["fits"] for row in rows] == [1, 2]
+    serial, threads = rows
+    assert threads["serial_s"] == pytest.approx(2 * serial["serial_s"])
+    assert threads["speedup"] == pytest.approx(
+        threads["serial_s"] / threads["threads_s"]
+    )
+    assert threads["ms_per_step"] == pytest.approx(threads["threads_s"] / 4 * 1e3)
