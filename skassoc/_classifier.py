@@ -16,7 +16,12 @@ from sklearn.base import (
 )
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, Options, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import (
+    check_consistent_length,
+    check_is_fitted,
+    column_or_1d,
+    validate_data,
+)
 
 from ._augmentation import resolve_augmentation
 from ._batches import DeviceBatches, HostBatches
@@ -47,6 +52,7 @@ from ._training import (
 from ._validation import (
     UNLABELED,
     as_tensor,
+    check_label_types,
     check_sample_shape,
     encode_semi_supervised_labels,
     is_integer,
@@ -54,6 +60,7 @@ from ._validation import (
     resolve_image_shape,
     split_sample_shape,
     to_model_layout,
+    unlabeled_mask,
     user_stacklevel,
     validate_memory_map,
 )
@@ -189,6 +196,10 @@ class SemiSupervisedAssociationClassifier(
         classes, the input shape and the parameters that shape the network
         (``network``, ``embedding_dim``, ``hidden_layer_sizes``,
         ``image_size``, ``image_channels``) must be those of that fit.
+    validation_interval : int, default=500
+        With ``X_val`` and ``y_val`` given to :meth:`fit`, their accuracy is
+        measured every ``validation_interval`` steps and after the last one
+        (see ``history_``). Unused otherwise.
 
     Attributes
     ----------
@@ -215,7 +226,11 @@ class SemiSupervisedAssociationClassifier(
         ``"walker"``, ``"visit"`` and ``"logit"``, each entry the mean over the
         steps since the previous entry. ``"total"`` is the weighted sum of the
         three losses; the L2 penalty is applied as Adam's weight decay (the
-        same gradient) and is not part of it.
+        same gradient) and is not part of it. A fit given ``X_val`` and
+        ``y_val`` adds ``"validation_step"`` and ``"validation_score"``: the
+        accuracy on them of the model as it would be fitted at that step
+        (with ``ema_decay``, the averaged weights). The fitted model is always
+        the last step's; the scores only show the learning curve.
     device_ : torch.device
         Where the model lives.
 
@@ -285,6 +300,7 @@ class SemiSupervisedAssociationClassifier(
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
+        "validation_interval": [Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -317,6 +333,7 @@ class SemiSupervisedAssociationClassifier(
         random_state=None,
         verbose=0,
         warm_start=False,
+        validation_interval=500,
     ):
         self.network = network
         self.input_shape = input_shape
@@ -345,11 +362,12 @@ class SemiSupervisedAssociationClassifier(
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
+        self.validation_interval = validation_interval
 
     # ------------------------------------------------------------------ fit
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y):
+    def fit(self, X, y, *, X_val=None, y_val=None):
         """Train the network on labeled and unlabeled samples.
 
         Parameters
@@ -364,6 +382,11 @@ class SemiSupervisedAssociationClassifier(
             copied to the training device once.
         y : array-like of shape (n_samples,)
             Labels; ``-1`` marks an unlabeled sample.
+        X_val : array-like, optional
+            Inputs whose accuracy is measured every ``validation_interval``
+            steps, in the same form as ``X``. Training never sees them.
+        y_val : array-like of shape (n_val_samples,), optional
+            Their labels (no ``-1``); given exactly when ``X_val`` is.
 
         Returns
         -------
@@ -374,13 +397,13 @@ class SemiSupervisedAssociationClassifier(
         # attributes early, so snapshot and restore them on any error.
         previous_state = dict(self.__dict__)
         try:
-            return self._fit(X, y)
+            return self._fit(X, y, X_val, y_val)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(previous_state)
             raise
 
-    def _fit(self, X, y):
+    def _fit(self, X, y, X_val, y_val):
         device = resolve_device(self.device)
         warm = self.warm_start and hasattr(self, "model_")
         # validate_data resets n_features_in_: keep the previous fit's inputs.
@@ -424,6 +447,7 @@ class SemiSupervisedAssociationClassifier(
         if warm:
             self._check_warm_start_architecture(image_shape)
         classes, encoded = encode_semi_supervised_labels(y)
+        validation = self._validation_set(X_val, y_val, image_shape, classes)
         if warm and not np.array_equal(classes, self.classes_):
             raise ValueError(
                 "warm_start=True needs the classes of the previous fit "
@@ -471,8 +495,16 @@ class SemiSupervisedAssociationClassifier(
             config = self._training_config(
                 max_iter, precision, model, augmentation, images=data.ndim == 4
             )
+            evaluate = None
+            if validation is not None:
+                X_val, y_val = validation
+
+                def evaluate():
+                    proba = self._run_model(model, X_val, device, precision, "proba")
+                    return np.mean(classes[np.argmax(proba, axis=1)] == y_val)
+
             with precision_context(device, precision):
-                result = train(model, batches, config, device)
+                result = train(model, batches, config, device, evaluate)
 
         self.model_ = model
         self.classes_ = classes
@@ -490,6 +522,40 @@ class SemiSupervisedAssociationClassifier(
                 stacklevel=user_stacklevel(),
             )
         return self
+
+    def _validation_set(self, X_val, y_val, image_shape, classes):
+        """``X_val`` in the model's layout and ``y_val``, or None without them."""
+        if X_val is None and y_val is None:
+            return None
+        if X_val is None or y_val is None:
+            raise ValueError(
+                "X_val and y_val go together: pass both to measure the accuracy "
+                "on them during training, or neither."
+            )
+        rows, sample_shape = split_sample_shape(X_val)
+        rows = validate_data(self, rows, dtype="numeric", reset=False)
+        check_sample_shape(sample_shape, image_shape, self.n_features_in_)
+        y_val = column_or_1d(y_val, warn=True)
+        check_consistent_length(rows, y_val)
+        if len(y_val) == 0:
+            raise ValueError("X_val and y_val hold no samples; pass at least one.")
+        unlabeled = unlabeled_mask(y_val)
+        if unlabeled.any():
+            raise ValueError(
+                f"y_val marks {int(unlabeled.sum())} samples as unlabeled (-1); "
+                "validation needs the true label of every sample. Leave the "
+                "unlabeled ones out of X_val and y_val."
+            )
+        check_label_types(y_val)
+        unknown = np.setdiff1d(y_val, classes)
+        if len(unknown):
+            raise ValueError(
+                f"y_val holds labels that no labeled sample of y has: "
+                f"{unknown[:5].tolist()}; the model predicts only "
+                f"{classes.tolist()[:10]}. Check that y_val uses the labels "
+                "(and their type) of y."
+            )
+        return to_model_layout(rows, image_shape), y_val
 
     def _training_config(self, max_iter, precision, model, augmentation, images):
         """The run's hyperparameters, with every "auto" resolved."""
@@ -519,6 +585,7 @@ class SemiSupervisedAssociationClassifier(
             verbose=self.verbose,
             augmentation=augmentation,
             ema_decay=self.ema_decay,
+            validation_interval=self.validation_interval,
         )
 
     def _resolve_auto(self, name, defaults, device):
@@ -680,13 +747,24 @@ class SemiSupervisedAssociationClassifier(
         return to_model_layout(rows, self.input_shape_)
 
     def _forward(self, X, output):
-        """Run ``X`` through the model in batches; ``output`` picks what to keep."""
+        """Run ``X`` through the fitted model; ``output`` picks what to keep."""
         data = self._validated_inputs(X)
         device = self.device_
+        precision = self._resolve_precision(device, images=data.ndim == 4)
+        result = self._run_model(self.model_, data, device, precision, output)
+        if result is None:
+            width = self.embedding_dim_ if output == "embedding" else len(self.classes_)
+            return np.empty((0, width), dtype=np.float32)
+        return result
+
+    def _run_model(self, model, data, device, precision, output):
+        """Run validated ``data`` through ``model`` in batches (None when empty).
+
+        ``output`` is ``"embedding"`` or ``"proba"``.
+        """
         batch_size = self._resolve_auto(
             "predict_batch_size", AUTO_PREDICT_BATCH_SIZE, device
         )
-        precision = self._resolve_precision(device, images=data.ndim == 4)
         memory_format = (
             torch.channels_last if data.ndim == 4 else torch.contiguous_format
         )
@@ -703,18 +781,13 @@ class SemiSupervisedAssociationClassifier(
                 batch = as_tensor(data[start : start + batch_size])
                 batch = batch.to(device, non_blocking=True).float()
                 with autocast_context(device, precision):
-                    embeddings = self.model_.embed(batch, memory_format)
+                    embeddings = model.embed(batch, memory_format)
                     if output == "embedding":
                         result = embeddings
                     else:
-                        result = torch.softmax(
-                            self.model_.logits(embeddings).float(), 1
-                        )
+                        result = torch.softmax(model.logits(embeddings).float(), 1)
                 chunks.append(result.float().cpu().numpy())
-        if not chunks:
-            width = self.embedding_dim_ if output == "embedding" else len(self.classes_)
-            return np.empty((0, width), dtype=np.float32)
-        return np.concatenate(chunks)
+        return np.concatenate(chunks) if chunks else None
 
     def predict_proba(self, X):
         """Class probabilities of the logit layer.

@@ -64,6 +64,7 @@ class TrainingConfig:
     augmentation: dict | None = None
     ema_decay: float | None = None
     embedding_chunk_size: int | None = 4096
+    validation_interval: int | None = None
 
 
 @dataclass
@@ -315,6 +316,26 @@ class _AssociationStep:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, self.ema_params)
 
+    @contextlib.contextmanager
+    def fitted_weights(self):
+        """The weights the model would be fitted with if training ended now.
+
+        With a moving average kept, its weights stand in for the current ones
+        until the context ends (copied in place: a captured graph holds the
+        parameters' addresses).
+        """
+        if self.ema_params is None:
+            yield
+            return
+        with torch.no_grad():
+            current = [param.detach().clone() for param in self.params]
+            torch._foreach_copy_(self.params, self.ema_params)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, current)
+
     def __call__(self):
         config = self.config
         labels = self.batches.labels
@@ -421,7 +442,7 @@ def _capture(step, stream):
     return graph
 
 
-def train(model, batches, config, device):
+def train(model, batches, config, device, evaluate=None):
     """Train ``model`` in place with the association losses.
 
     Parameters
@@ -434,6 +455,12 @@ def train(model, batches, config, device):
         The run's hyperparameters.
     device : torch.device
         Where training runs.
+    evaluate : callable, optional
+        Called without arguments every ``config.validation_interval`` steps
+        and after the last step, with the model in eval mode and holding the
+        weights it would be fitted with at that step; returns a score that
+        goes to the history as ``"validation_score"`` (the steps as
+        ``"validation_step"``). It must not change the model.
 
     Returns
     -------
@@ -448,9 +475,9 @@ def train(model, batches, config, device):
         state and the caller must discard it.
     """
     if device.type != "cuda":
-        return _train(model, batches, config, device, streams=None)
+        return _train(model, batches, config, device, None, evaluate)
     with borrowed_streams(device) as streams, _own_stream(device, streams[0]):
-        return _train(model, batches, config, device, streams)
+        return _train(model, batches, config, device, streams, evaluate)
 
 
 @contextlib.contextmanager
@@ -477,7 +504,7 @@ def _rate_of_step(config, step):
     return float(config.learning_rate * config.lr_decay**decays)
 
 
-def _train(model, batches, config, device, streams):
+def _train(model, batches, config, device, streams, evaluate):
     model.train()
     use_graph = config.cuda_graph and device.type == "cuda"
     optimizer = _make_optimizer(model, config, device, capturable=use_graph)
@@ -487,6 +514,9 @@ def _train(model, batches, config, device, streams):
     )
     step = _AssociationStep(model, batches, optimizer, config, device)
     history = {"step": [], "learning_rate": [], **{name: [] for name in LOSS_NAMES}}
+    if evaluate is not None:
+        history["validation_step"] = []
+        history["validation_score"] = []
     result = TrainingResult(n_iter=0, history=history)
     progress = tqdm(
         total=config.max_iter, disable=not config.verbose, desc="skassoc", leave=False
@@ -520,6 +550,22 @@ def _train(model, batches, config, device, streams):
             {name: f"{v:.3f}" for name, v in zip(LOSS_NAMES, means, strict=True)}
         )
 
+    def validate(completed):
+        """Score the model after step ``completed`` when a score is due."""
+        due = completed % config.validation_interval == 0 or (
+            completed == config.max_iter
+        )
+        if evaluate is None or not due:
+            return
+        with step.fitted_weights():
+            model.eval()
+            try:
+                score = evaluate()
+            finally:
+                model.train()
+        history["validation_step"].append(completed)
+        history["validation_score"].append(float(score))
+
     graph = None
     completed = 0
     try:
@@ -536,6 +582,7 @@ def _train(model, batches, config, device, streams):
                         completed += 1
                         scheduler.step()
                         _keep_lr_tensor(optimizer, lr_tensors)
+                        validate(completed)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = _capture(step, capture_stream)
         while completed < config.max_iter:
@@ -551,6 +598,7 @@ def _train(model, batches, config, device, streams):
             scheduler.step()
             if use_graph:
                 _keep_lr_tensor(optimizer, lr_tensors)
+            validate(completed)
         # A run no longer than the graph's eager warm-up never enters the
         # loop: its losses still need reading (and checking for NaN).
         read_losses(completed)

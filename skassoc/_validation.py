@@ -22,6 +22,8 @@ __all__ = [
     "split_sample_shape",
     "to_model_layout",
     "encode_semi_supervised_labels",
+    "unlabeled_mask",
+    "check_label_types",
     "resolve_device",
     "check_sample_shape",
     "validate_memory_map",
@@ -280,6 +282,22 @@ def check_label_types(labels):
         )
 
 
+def unlabeled_mask(y):
+    """Where ``y`` (an ndarray) holds the unlabeled marker ``-1``."""
+    # A string array cannot hold the integer -1, so there the string "-1"
+    # marks unlabeled samples (np.where(known, y, "-1") builds one). Object
+    # arrays (pandas strings and categoricals arrive as such) accept both.
+    if y.dtype.kind == "U":
+        unlabeled = y == str(UNLABELED)
+    elif y.dtype.kind == "S":
+        unlabeled = y == str(UNLABELED).encode()
+    elif y.dtype.kind == "O":
+        unlabeled = (y == UNLABELED) | (y == str(UNLABELED))
+    else:
+        unlabeled = y == UNLABELED
+    return np.asarray(unlabeled, dtype=bool)
+
+
 def encode_semi_supervised_labels(y):
     """Split ``y`` into labeled samples and classes, with ``-1`` as unlabeled.
 
@@ -297,18 +315,7 @@ def encode_semi_supervised_labels(y):
         Index into ``classes`` of every sample, ``-1`` for unlabeled ones.
     """
     y = np.asarray(y)
-    # A string array cannot hold the integer -1, so there the string "-1"
-    # marks unlabeled samples (np.where(known, y, "-1") builds one). Object
-    # arrays (pandas strings and categoricals arrive as such) accept both.
-    if y.dtype.kind == "U":
-        unlabeled = y == str(UNLABELED)
-    elif y.dtype.kind == "S":
-        unlabeled = y == str(UNLABELED).encode()
-    elif y.dtype.kind == "O":
-        unlabeled = (y == UNLABELED) | (y == str(UNLABELED))
-    else:
-        unlabeled = y == UNLABELED
-    labeled = ~np.asarray(unlabeled, dtype=bool)
+    labeled = ~unlabeled_mask(y)
     if not labeled.any():
         raise ValueError(
             "Every label in y is -1 (unlabeled). Association training needs "

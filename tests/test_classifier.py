@@ -351,6 +351,54 @@ def test_fitted_attributes(fast_params, blobs_semi):
     assert history["learning_rate"][-1] < history["learning_rate"][0]
 
 
+def _same_weights(a, b):
+    return all(
+        torch.equal(p, q)
+        for p, q in zip(a.model_.parameters(), b.model_.parameters(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("ema_decay", [None, 0.9])
+def test_validation_scores_the_model_of_each_step(
+    fast_params, blobs, blobs_semi, ema_decay
+):
+    X, y_semi = blobs_semi
+    X_val, y_val = blobs[0][::2], blobs[1][::2]
+    params = dict(max_iter=25, validation_interval=10, ema_decay=ema_decay)
+    clf = make_clf(fast_params, **params).fit(X, y_semi, X_val=X_val, y_val=y_val)
+    history = clf.history_
+    assert history["validation_step"] == [10, 20, 25]
+    assert all(0 <= score <= 1 for score in history["validation_score"])
+    # The last score is that of the fitted model (with an average of the
+    # weights, of the averaged weights), and scoring changed no weight.
+    assert history["validation_score"][-1] == clf.score(X_val, y_val)
+    plain = make_clf(fast_params, **params).fit(X, y_semi)
+    assert _same_weights(clf, plain)
+    assert "validation_score" not in plain.history_
+    # A shorter fit scores what the longer one scored at the same step.
+    short = make_clf(fast_params, **{**params, "max_iter": 10, "lr_decay_steps": 6})
+    longer = make_clf(fast_params, **{**params, "max_iter": 20, "lr_decay_steps": 6})
+    short.fit(X, y_semi, X_val=X_val, y_val=y_val)
+    longer.fit(X, y_semi, X_val=X_val, y_val=y_val)
+    assert longer.history_["validation_score"][0] == short.score(X_val, y_val)
+
+
+def test_validation_of_string_labels_and_images(fast_params, digits_images):
+    X, y = digits_images
+    labels = np.array(list("abcdefghij"))[y]
+    y_semi = np.where(np.arange(len(y)) % 4 == 0, labels, "-1")
+    clf = make_clf(
+        fast_params,
+        network="mnist",
+        max_iter=4,
+        validation_interval=2,
+        labeled_per_class=2,
+    )
+    clf.fit(X, y_semi, X_val=X[:50], y_val=labels[:50])
+    assert clf.history_["validation_step"] == [2, 4]
+    assert clf.history_["validation_score"][-1] == clf.score(X[:50], labels[:50])
+
+
 def test_learning_rate_history_is_the_rate_of_the_logged_steps(fast_params, blobs_semi):
     X, y = blobs_semi
     clf = make_clf(

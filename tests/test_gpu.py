@@ -63,6 +63,32 @@ def test_augmentation_and_average_inside_the_graph(digit_images, unlabeled):
     assert clf.score(X, y) > 0.6
 
 
+@pytest.mark.parametrize(
+    "max_iter, interval, expected", [(2, 1, [1, 2]), (300, 120, [120, 240, 300])]
+)
+@pytest.mark.parametrize("ema_decay", [None, 0.99])
+def test_validation_between_graph_replays(
+    digit_images, max_iter, interval, expected, ema_decay
+):
+    # Scores during the eager warm-up (2 steps) and between replays, with the
+    # averaged weights swapped in and out of the captured parameters.
+    X, y, y_semi = digit_images
+    X_val, y_val = X[1::5], y[1::5]
+    clf = SemiSupervisedAssociationClassifier(
+        max_iter=max_iter,
+        validation_interval=interval,
+        ema_decay=ema_decay,
+        device="cuda",
+        random_state=0,
+        labeled_per_class=5,
+    ).fit(X, y_semi, X_val=X_val, y_val=y_val)
+    assert clf.history_["validation_step"] == expected
+    last = clf.history_["validation_score"][-1]
+    assert abs(last - clf.score(X_val, y_val)) <= 1 / len(y_val)
+    if max_iter == 300:
+        assert last > 0.8
+
+
 def test_divergence_is_caught_inside_the_graph(digit_images):
     X, _, y_semi = digit_images
     clf = SemiSupervisedAssociationClassifier(

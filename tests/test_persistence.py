@@ -190,6 +190,19 @@ def test_round_trip_image_network(digits, tmp_path):
     )
 
 
+def test_round_trip_validation_history(digits, tmp_path):
+    X, y = digits
+    labeled = y != -1
+    clf = small_classifier(max_iter=10, validation_interval=5)
+    clf.fit(X, y, X_val=X[labeled], y_val=y[labeled])
+    assert clf.history_["validation_step"] == [5, 10]
+    path = tmp_path / "validated.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert_same_model(loaded, clf, X)
+    assert loaded.validation_interval == 5
+
+
 def test_round_trip_augmentation_settings(digits, tmp_path):
     # A dict parameter (recipe "improved" has one) is saved and read back.
     X, y = digits

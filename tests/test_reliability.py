@@ -232,6 +232,47 @@ def test_bad_input_rejected_before_training(
     assert_unfitted(clf, expected_params)
 
 
+@pytest.mark.parametrize(
+    "X_val, y_val, match",
+    [
+        ("X", None, "X_val and y_val go together"),
+        (None, "y", "X_val and y_val go together"),
+        ("X", "y_with_unlabeled", "marks 1 samples as unlabeled"),
+        ("X", "y_unknown_label", r"no labeled sample of y has: \[7\]"),
+        ("X", "y_as_strings", "no labeled sample of y has"),
+        ("X", "y_mixed", "all strings or all numbers"),
+        ("X", "y_short", "inconsistent numbers of samples"),
+        ("X_five_features", "y", "5 features"),
+        ("X_empty", "y_empty", "0 sample"),
+    ],
+)
+def test_bad_validation_set_rejected_before_training(
+    fast_params, blobs, no_training, X_val, y_val, match
+):
+    X, y = blobs
+    X_val = {
+        None: None,
+        "X": X[:20],
+        "X_five_features": np.hstack([X[:20], X[:20, :1]]),
+        "X_empty": X[:0],
+    }[X_val]
+    y_val = {
+        None: None,
+        "y": y[:20],
+        "y_with_unlabeled": np.where(np.arange(20) == 3, -1, y[:20]),
+        "y_unknown_label": np.where(np.arange(20) == 3, 7, y[:20]),
+        "y_as_strings": y[:20].astype(str),
+        "y_mixed": np.array(["a", *y[1:20]], dtype=object),
+        "y_short": y[:19],
+        "y_empty": y[:0],
+    }[y_val]
+    clf = make_clf(fast_params)
+    expected_params = clf.get_params()
+    with pytest.raises(ValueError, match=match):
+        clf.fit(X, y, X_val=X_val, y_val=y_val)
+    assert_unfitted(clf, expected_params)
+
+
 def test_cuda_requested_without_cuda(fast_params, blobs, no_training, monkeypatch):
     X, y = blobs
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
