@@ -55,7 +55,7 @@ def test_tiny_run_records_rows_and_confusions(
         [
             "--device=cpu",
             f"--data-home={MNIST_DIR}",
-            "--parts=table1,recipes,ablations",
+            "--parts=table1,recipes,ablations,checkpoints",
             "--recipes=improved",
             "--ablations=+mild labeled augmentation,bf16",
             "--draws=1",
@@ -85,6 +85,18 @@ def test_tiny_run_records_rows_and_confusions(
     improved = runs["recipes/improved/100/0"]
     assert "ablations/+mild labeled augmentation/100/0" in improved["shared_with"]
     assert "+mild labeled augmentation" in (tmp_path / "mnist.rst").read_text()
+    # The checkpoints part trains its own run (tracking the test error after
+    # the last step: 3 steps, fewer than the interval), not Table 1's.
+    tracked = runs["checkpoints/paper/100/0"]
+    assert "table1/paper/100/0" not in tracked["shared_with"]
+    assert "test_error_steps" not in runs["table1/paper/100/0"]
+    assert tracked["test_error_steps"] == [3]
+    assert tracked["lowest_test_error_step"] == 3
+    assert tracked["lowest_test_error_percent"] == pytest.approx(
+        tracked["test_error_percent"]
+    )
+    rst = (tmp_path / "mnist.rst").read_text()
+    assert "Lowest: median" in rst and "never a result" in rst
 
 
 def _run(key, signature, error, started):
