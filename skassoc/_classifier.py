@@ -69,6 +69,10 @@ __all__ = ["SemiSupervisedAssociationClassifier"]
 
 # The authors' code decays the logit layer's weights by 1e-4 for every network.
 LOGIT_L2_SCALE = 1e-4
+#: The keyword arguments of torch.compile that ``compile`` may hold.
+COMPILE_ARGUMENTS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options"})
+#: torch.compile modes that capture CUDA graphs of their own.
+GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 # Steps of max_iter="auto": the paper's 20,000 on a GPU; on a CPU, enough for
 # a useful model in minutes.
 AUTO_MAX_ITER = {"cuda": 20_000, "cpu": 2_000}
@@ -179,6 +183,19 @@ class SemiSupervisedAssociationClassifier(
     cuda_graph : bool or "auto", default="auto"
         Capture the whole training step as one CUDA graph ("auto": on GPUs).
         Results are the same; steps are several times faster.
+    compile : bool or dict, default=False
+        Compile the embedding network's training pass with
+        :func:`torch.compile`: ``True`` with its defaults, a dict with its
+        keyword arguments (``fullgraph``, ``dynamic``, ``backend``, ``mode``,
+        ``options``), e.g. ``{"mode": "max-autotune-no-cudagraphs"}``. The
+        compiled pass fuses the network's small operations into fewer GPU
+        kernels (see :doc:`/benchmarks` for measured steps), at the cost of a
+        compilation at the first fit of a process (seconds to tens of
+        seconds; later fits of the same network reuse it). The modes
+        ``"reduce-overhead"`` and ``"max-autotune"`` capture CUDA graphs of
+        their own and cannot run inside skassoc's: they are refused when
+        ``cuda_graph`` is on. Prediction, and unlabeled batches embedded in
+        chunks (above 4,096 samples), are not compiled.
     device : str or torch.device, default="auto"
         ``"auto"`` (a GPU when there is one), ``"cpu"``, ``"cuda"`` or
         ``"cuda:N"``.
@@ -292,6 +309,7 @@ class SemiSupervisedAssociationClassifier(
         "ema_decay": [None, Interval(Real, 0, 1, closed="left")],
         "precision": [StrOptions({"auto", "fp32", "tf32", "bf16"})],
         "cuda_graph": ["boolean", StrOptions({"auto"})],
+        "compile": ["boolean", dict],
         "device": [str, torch.device],
         "predict_batch_size": [
             Interval(Integral, 1, None, closed="left"),
@@ -328,6 +346,7 @@ class SemiSupervisedAssociationClassifier(
         ema_decay=None,
         precision="auto",
         cuda_graph="auto",
+        compile=False,
         device="auto",
         predict_batch_size="auto",
         random_state=None,
@@ -357,6 +376,7 @@ class SemiSupervisedAssociationClassifier(
         self.ema_decay = ema_decay
         self.precision = precision
         self.cuda_graph = cuda_graph
+        self.compile = compile
         self.device = device
         self.predict_batch_size = predict_batch_size
         self.random_state = random_state
@@ -472,6 +492,7 @@ class SemiSupervisedAssociationClassifier(
                 f"{image_shape[1]}x{image_shape[2]}. Set "
                 "augmentation['blur_probability'] = 0 for them."
             )
+        compile_options = self._compile_options(device)
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         if on_host:
             # Adding the channel axis of (n, h, w) images is a view, never a copy.
@@ -493,7 +514,12 @@ class SemiSupervisedAssociationClassifier(
             embedding_dim = model.logits.in_features
             batches = self._make_batches(data, encoded, device, on_host)
             config = self._training_config(
-                max_iter, precision, model, augmentation, images=data.ndim == 4
+                max_iter,
+                precision,
+                model,
+                augmentation,
+                images=data.ndim == 4,
+                compile_options=compile_options,
             )
             evaluate = None
             if validation is not None:
@@ -557,7 +583,9 @@ class SemiSupervisedAssociationClassifier(
             )
         return to_model_layout(rows, image_shape), y_val
 
-    def _training_config(self, max_iter, precision, model, augmentation, images):
+    def _training_config(
+        self, max_iter, precision, model, augmentation, images, compile_options
+    ):
         """The run's hyperparameters, with every "auto" resolved."""
         lr_decay_steps = self.lr_decay_steps
         if lr_decay_steps == "auto":
@@ -586,7 +614,29 @@ class SemiSupervisedAssociationClassifier(
             augmentation=augmentation,
             ema_decay=self.ema_decay,
             validation_interval=self.validation_interval,
+            compile=compile_options,
         )
+
+    def _compile_options(self, device):
+        """Keyword arguments of ``torch.compile``, or None without compiling."""
+        if self.compile is False:
+            return None
+        options = {} if self.compile is True else dict(self.compile)
+        unknown = set(options) - COMPILE_ARGUMENTS
+        if unknown:
+            raise ValueError(
+                f"compile has unknown keys {sorted(unknown)}; it takes keyword "
+                f"arguments of torch.compile: {sorted(COMPILE_ARGUMENTS)}."
+            )
+        uses_graph = device.type == "cuda" and self.cuda_graph in ("auto", True)
+        if uses_graph and options.get("mode") in GRAPH_MODES:
+            raise ValueError(
+                f"compile mode {options['mode']!r} captures CUDA graphs of its "
+                "own, which cannot run inside skassoc's CUDA graph of the whole "
+                "step. Use mode 'max-autotune-no-cudagraphs' (or the default "
+                "mode), or set cuda_graph=False."
+            )
+        return options
 
     def _resolve_auto(self, name, defaults, device):
         value = getattr(self, name)

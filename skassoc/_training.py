@@ -65,6 +65,7 @@ class TrainingConfig:
     ema_decay: float | None = None
     embedding_chunk_size: int | None = 4096
     validation_interval: int | None = None
+    compile: dict | None = None
 
 
 @dataclass
@@ -254,6 +255,13 @@ class _AssociationStep:
             for module in model.modules()
         )
         self.chunk_size = None if has_batch_norm else config.embedding_chunk_size
+        # The compiled pass is built here, before any step: bad options fail
+        # the fit before training. It compiles at its first call (the first
+        # warm-up step), and a network of the same structure in a later fit
+        # reuses that compilation.
+        self.embed_batch = model.embed
+        if config.compile is not None:
+            self.embed_batch = torch.compile(model.embed, **config.compile)
         # An exponential moving average of the weights, updated inside the
         # step (so inside the CUDA graph); the model takes it at the end.
         self.ema_params = (
@@ -283,7 +291,7 @@ class _AssociationStep:
         """
         chunk = self.chunk_size
         if chunk is None or batch.shape[0] <= chunk:
-            return self.model.embed(batch, self.memory_format)
+            return self.embed_batch(batch, self.memory_format)
         return torch.cat(
             [
                 # The network draws no random numbers (augmentation happened

@@ -399,6 +399,33 @@ def test_validation_of_string_labels_and_images(fast_params, digits_images):
     assert clf.history_["validation_score"][-1] == clf.score(X[:50], labels[:50])
 
 
+def test_compiled_network_trains_the_same_steps(
+    fast_params, digits_images, monkeypatch
+):
+    # The "eager" backend traces the network with TorchDynamo and runs the
+    # traced graph as it is: the same arithmetic, without a C++ compiler.
+    import skassoc._training
+
+    compiled = []
+    compile_function = torch.compile
+
+    def recording_compile(function, **options):
+        compiled.append(options)
+        return compile_function(function, **options)
+
+    monkeypatch.setattr(skassoc._training.torch, "compile", recording_compile)
+    X, y = digits_images
+    y_semi = np.where(np.arange(len(y)) % 4 == 0, y, -1)
+    params = dict(network="mnist", max_iter=6, labeled_per_class=2)
+    plain = make_clf(fast_params, **params).fit(X, y_semi)
+    assert compiled == []
+    clf = make_clf(fast_params, **params, compile={"backend": "eager"})
+    clf.fit(X, y_semi)
+    assert compiled == [{"backend": "eager"}]
+    assert _same_weights(clf, plain)
+    np.testing.assert_array_equal(clf.predict_proba(X), plain.predict_proba(X))
+
+
 def test_learning_rate_history_is_the_rate_of_the_logged_steps(fast_params, blobs_semi):
     X, y = blobs_semi
     clf = make_clf(

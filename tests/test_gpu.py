@@ -89,6 +89,14 @@ def test_validation_between_graph_replays(
         assert last > 0.8
 
 
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_compiled_network_inside_the_graph(digit_images, precision):
+    X, y, y_semi = digit_images
+    clf = fit(X, y_semi, precision=precision, compile=True)
+    assert np.isfinite(clf.history_["total"]).all()
+    assert clf.score(X, y) > 0.8
+
+
 def test_divergence_is_caught_inside_the_graph(digit_images):
     X, _, y_semi = digit_images
     clf = SemiSupervisedAssociationClassifier(

@@ -273,6 +273,30 @@ def test_bad_validation_set_rejected_before_training(
     assert_unfitted(clf, expected_params)
 
 
+def test_unknown_compile_option_rejected_before_training(
+    fast_params, blobs, no_training
+):
+    X, y = blobs
+    clf = make_clf(fast_params, compile={"mode": "default", "fuse_all": True})
+    with pytest.raises(ValueError, match=r"unknown keys \['fuse_all'\]"):
+        clf.fit(X, y)
+    assert_unfitted(clf, clf.get_params())
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_compile_modes_with_graphs_of_their_own_need_no_cuda_graph(fast_params, mode):
+    cuda = torch.device("cuda")
+    clf = make_clf(fast_params, compile={"mode": mode})
+    with pytest.raises(ValueError, match="captures CUDA graphs of its own"):
+        clf._compile_options(cuda)
+    # Without skassoc's graph (or on a CPU), the mode is torch.compile's to run.
+    assert clf.set_params(cuda_graph=False)._compile_options(cuda) == {"mode": mode}
+    clf.set_params(cuda_graph="auto")
+    assert clf._compile_options(torch.device("cpu")) == {"mode": mode}
+    assert make_clf(fast_params, compile=True)._compile_options(cuda) == {}
+    assert make_clf(fast_params)._compile_options(cuda) is None
+
+
 def test_cuda_requested_without_cuda(fast_params, blobs, no_training, monkeypatch):
     X, y = blobs
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
