@@ -57,6 +57,12 @@ checkpoints
     authors' code evaluates every 500 steps; the lowest error is picked on
     the test set, so it is shown only to compare with the paper, never as a
     result. Its "fit s" includes the 40 evaluations.
+seeds
+    100 labels, recipe "improved": for each of ``--seed-draws`` label draws
+    ``d``, ``--seeds-per-draw`` fits that differ only in the network's seed
+    (``random_state`` ``d``, as in the other parts, then ``1000 m + d`` for
+    ``m`` = 1, 2, ...): how far one fit can land from another on the same
+    labels.
 
 Identical runs (same method, parameters, labels and draw) are trained once
 and shared between the parts that show them, e.g. the ``visit_weight=1`` row
@@ -80,7 +86,7 @@ Quick check on a CPU::
         --train-subset 3000 --eval-subset 1000 --draws 2 --visit-draws 1 \\
         --baseline-draws 1 --json /tmp/m.json --markdown /tmp/m.md
 
-Full run on a GPU (about 105 minutes on one H100 by ``--dry-run``'s
+Full run on a GPU (about 120 minutes on one H100 by ``--dry-run``'s
 estimate; with ``--shard I/N`` one process per GPU, then ``--merge``)::
 
     python benchmarks/bench_mnist.py --device cuda
@@ -116,7 +122,15 @@ from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier  # no
 from skassoc import RECIPES, SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
 from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
 
-PARTS = ("table1", "visit", "baselines", "recipes", "ablations", "checkpoints")
+PARTS = (
+    "table1",
+    "visit",
+    "baselines",
+    "recipes",
+    "ablations",
+    "checkpoints",
+    "seeds",
+)
 
 #: Steps between test-set evaluations of the "checkpoints" part (the
 #: authors' evaluation interval).
@@ -249,6 +263,7 @@ PART_TITLES = {
     "recipes": "Recipes",
     "ablations": 'Ablations on top of recipe "paper", MNIST 100 labels',
     "checkpoints": "Last checkpoint against the lowest error during training",
+    "seeds": 'Network seeds: recipe "improved", MNIST 100 labels',
 }
 
 PART_NOTES = {
@@ -272,6 +287,9 @@ PART_NOTES = {
     "minimum over these evaluations, picked on the test set: the paper's "
     "protocol for its visit-loss table, shown to compare with the paper, "
     "never a result. Fit s includes the evaluations.",
+    "seeds": "Each row one label draw d, fitted with random_state d (the run of "
+    "the recipes table) and 1000 m + d for m = 1, 2, ...: the same labels, "
+    "other initial weights and batches.",
 }
 
 
@@ -458,6 +476,30 @@ def build_plan(args, device_type, recipes, ablations):
                 paper_title,
                 PAPER_TABLE1["100"],
             )
+        elif part == "seeds":
+            improved = network_params("improved", {}, args, device_type)
+            for label_draw in range(args.seed_draws):
+
+                def of_seed(m, label_draw=label_draw, params=improved):
+                    seed = label_draw if m == 0 else 1000 * m + label_draw
+                    return {
+                        "method": "skassoc",
+                        "params": {**params, "random_state": seed},
+                        "labels": "100",
+                        "label_seed": label_draw,
+                        "fit_on": "all",
+                        **common,
+                    }
+
+                plan.add_row(
+                    part,
+                    f"improved-draw{label_draw}",
+                    "100",
+                    args.seeds_per_draw,
+                    of_seed,
+                    f'recipe "improved", label draw {label_draw}',
+                    "",
+                )
         elif part == "ablations":
             plan.add_row(
                 part,
@@ -646,6 +688,8 @@ def make_meta(args, device, data, recipes, ablations):
         "visit_draws": args.visit_draws,
         "baseline_draws": args.baseline_draws,
         "ablation_draws": args.ablation_draws,
+        "seed_draws": args.seed_draws,
+        "seeds_per_draw": args.seeds_per_draw,
         "seeds": "draw d: make_semi_supervised_labels(y, k, random_state=d) "
         "and random_state=d for the network",
         "recipes": recipes,
@@ -1031,6 +1075,15 @@ def parse_args(argv=None):
     parser.add_argument("--baseline-draws", type=int, default=3)
     parser.add_argument("--ablation-draws", type=int, default=5)
     parser.add_argument(
+        "--seed-draws", type=int, default=5, help="label draws of the seeds part"
+    )
+    parser.add_argument(
+        "--seeds-per-draw",
+        type=int,
+        default=5,
+        help="network seeds per label draw in the seeds part",
+    )
+    parser.add_argument(
         "--recipes",
         default="paper,improved",
         help="comma list of skassoc.RECIPES names for the recipes part",
@@ -1117,7 +1170,14 @@ def parse_args(argv=None):
     if unknown:
         parser.error(f"unknown part(s) {unknown}; choose among {list(PARTS)}")
     args.parts = [p for p in PARTS if p in parts]
-    for name in ("draws", "visit_draws", "baseline_draws", "ablation_draws"):
+    for name in (
+        "draws",
+        "visit_draws",
+        "baseline_draws",
+        "ablation_draws",
+        "seed_draws",
+        "seeds_per_draw",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.shard is not None:

@@ -55,7 +55,9 @@ def test_tiny_run_records_rows_and_confusions(
         [
             "--device=cpu",
             f"--data-home={MNIST_DIR}",
-            "--parts=table1,recipes,ablations,checkpoints",
+            "--parts=table1,recipes,ablations,checkpoints,seeds",
+            "--seed-draws=1",
+            "--seeds-per-draw=2",
             "--recipes=improved",
             "--ablations=+mild labeled augmentation,bf16",
             "--draws=1",
@@ -97,6 +99,16 @@ def test_tiny_run_records_rows_and_confusions(
     )
     rst = (tmp_path / "mnist.rst").read_text()
     assert "Lowest: median" in rst and "never a result" in rst
+    # The seeds part: its first seed is the recipes table's run of that draw,
+    # the next one another network seed on the same labels.
+    first, second = (
+        runs["seeds/improved-draw0/100/0"],
+        runs["seeds/improved-draw0/100/1"],
+    )
+    assert "recipes/improved/100/0" in first["shared_with"]
+    assert second["config"]["label_seed"] == 0
+    assert second["config"]["params"]["random_state"] == 1000
+    assert 'recipe "improved", label draw 0' in rst
 
 
 def _run(key, signature, error, started):
