@@ -57,6 +57,7 @@ def test_tiny_run_records_rows_and_confusions(
             f"--data-home={MNIST_DIR}",
             "--parts=table1,recipes,ablations,checkpoints,seeds",
             "--seed-draws=1",
+            "--seed-recipes=improved",
             "--seeds-per-draw=2",
             "--recipes=improved",
             "--ablations=+mild labeled augmentation,bf16",
@@ -109,6 +110,15 @@ def test_tiny_run_records_rows_and_confusions(
     assert second["config"]["label_seed"] == 0
     assert second["config"]["params"]["random_state"] == 1000
     assert 'recipe "improved", label draw 0' in rst
+    assert not any(key.startswith("seeds/paper") for key in runs)
+
+
+def test_seed_recipes_must_be_mnist_recipes(bench_mnist, capsys):
+    args = bench_mnist.parse_args(["--seed-recipes", "improved,paper"])
+    assert args.seed_recipes == ["improved", "paper"]
+    with pytest.raises(SystemExit):
+        bench_mnist.parse_args(["--seed-recipes", "domain_adaptation"])
+    assert "--seed-recipes takes recipes for MNIST" in capsys.readouterr().err
 
 
 def _run(key, signature, error, started):
