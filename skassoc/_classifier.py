@@ -194,8 +194,10 @@ class SemiSupervisedAssociationClassifier(
         seconds; later fits of the same network reuse it). The modes
         ``"reduce-overhead"`` and ``"max-autotune"`` capture CUDA graphs of
         their own and cannot run inside skassoc's: they are refused when
-        ``cuda_graph`` is on. Prediction, and unlabeled batches embedded in
-        chunks (above 4,096 samples), are not compiled.
+        ``cuda_graph`` is on. Prediction is not compiled, nor are steps whose
+        batch (labeled and unlabeled samples together) is above 4,096
+        samples and therefore embedded in chunks (a warning says so). On a
+        CPU, fits in several threads of one process may each compile again.
     device : str or torch.device, default="auto"
         ``"auto"`` (a GPU when there is one), ``"cpu"``, ``"cuda"`` or
         ``"cuda:N"``.
@@ -247,7 +249,8 @@ class SemiSupervisedAssociationClassifier(
         ``y_val`` adds ``"validation_step"`` and ``"validation_score"``: the
         accuracy on them of the model as it would be fitted at that step
         (with ``ema_decay``, the averaged weights). The fitted model is always
-        the last step's; the scores only show the learning curve.
+        the last step's; the scores only show the learning curve. A fit
+        interrupted with Ctrl-C keeps the scores measured until then.
     device_ : torch.device
         Where the model lives.
 
@@ -402,10 +405,10 @@ class SemiSupervisedAssociationClassifier(
             copied to the training device once.
         y : array-like of shape (n_samples,)
             Labels; ``-1`` marks an unlabeled sample.
-        X_val : array-like, optional
+        X_val : array-like of shape (n_val_samples, ...), default=None
             Inputs whose accuracy is measured every ``validation_interval``
             steps, in the same form as ``X``. Training never sees them.
-        y_val : array-like of shape (n_val_samples,), optional
+        y_val : array-like of shape (n_val_samples,), default=None
             Their labels (no ``-1``); given exactly when ``X_val`` is.
 
         Returns
@@ -568,7 +571,8 @@ class SemiSupervisedAssociationClassifier(
         unlabeled = unlabeled_mask(y_val)
         if unlabeled.any():
             raise ValueError(
-                f"y_val marks {int(unlabeled.sum())} samples as unlabeled (-1); "
+                f"y_val marks {int(unlabeled.sum())} of its samples as unlabeled "
+                "(-1); "
                 "validation needs the true label of every sample. Leave the "
                 "unlabeled ones out of X_val and y_val."
             )
@@ -619,9 +623,13 @@ class SemiSupervisedAssociationClassifier(
 
     def _compile_options(self, device):
         """Keyword arguments of ``torch.compile``, or None without compiling."""
-        if self.compile is False:
+        # By value, not identity: NumPy booleans pass parameter validation.
+        if isinstance(self.compile, dict):
+            options = dict(self.compile)
+        elif self.compile:
+            options = {}
+        else:
             return None
-        options = {} if self.compile is True else dict(self.compile)
         unknown = set(options) - COMPILE_ARGUMENTS
         if unknown:
             raise ValueError(

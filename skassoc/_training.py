@@ -11,6 +11,7 @@ import contextlib
 import math
 import queue
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,7 @@ from ._losses import (
     walker_loss,
 )
 from ._networks import weight_tensors
+from ._validation import user_stacklevel
 
 __all__ = [
     "TrainingConfig",
@@ -262,6 +264,16 @@ class _AssociationStep:
         self.embed_batch = model.embed
         if config.compile is not None:
             self.embed_batch = torch.compile(model.embed, **config.compile)
+            rows = batches.labels.shape[0] + batches.sampler.unlabeled_batch_size
+            if self.chunk_size is not None and rows > self.chunk_size:
+                warnings.warn(
+                    f"compile has no effect on this fit: its batch of {rows} "
+                    f"samples is embedded in chunks of {self.chunk_size}, which "
+                    "run uncompiled. Leave compile off, or use a smaller "
+                    "unlabeled_batch_size.",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
         # An exponential moving average of the weights, updated inside the
         # step (so inside the CUDA graph); the model takes it at the end.
         self.ema_params = (

@@ -237,7 +237,7 @@ def test_bad_input_rejected_before_training(
     [
         ("X", None, "X_val and y_val go together"),
         (None, "y", "X_val and y_val go together"),
-        ("X", "y_with_unlabeled", "marks 1 samples as unlabeled"),
+        ("X", "y_with_unlabeled", r"marks 1 of its samples as unlabeled \(-1\)"),
         ("X", "y_unknown_label", r"no labeled sample of y has: \[7\]"),
         ("X", "y_as_strings", "no labeled sample of y has"),
         ("X", "y_mixed", "all strings or all numbers"),
@@ -295,6 +295,23 @@ def test_compile_modes_with_graphs_of_their_own_need_no_cuda_graph(fast_params, 
     assert clf._compile_options(torch.device("cpu")) == {"mode": mode}
     assert make_clf(fast_params, compile=True)._compile_options(cuda) == {}
     assert make_clf(fast_params)._compile_options(cuda) is None
+    # NumPy booleans pass parameter validation, and mean what they say.
+    assert make_clf(fast_params, compile=np.True_)._compile_options(cuda) == {}
+    assert make_clf(fast_params, compile=np.False_)._compile_options(cuda) is None
+
+
+def test_compile_warns_when_the_batch_is_embedded_in_chunks(fast_params, digits_images):
+    X, y = digits_images
+    clf = make_clf(
+        fast_params,
+        network="mnist",
+        max_iter=1,
+        labeled_per_class=2,
+        unlabeled_batch_size=4100,
+        compile={"backend": "eager"},
+    )
+    with pytest.warns(UserWarning, match="compile has no effect on this fit"):
+        clf.fit(X, np.where(np.arange(len(y)) % 2 == 0, y, -1))
 
 
 def test_cuda_requested_without_cuda(fast_params, blobs, no_training, monkeypatch):
