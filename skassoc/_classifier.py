@@ -561,9 +561,15 @@ class SemiSupervisedAssociationClassifier(
                 "X_val and y_val go together: pass both to measure the accuracy "
                 "on them during training, or neither."
             )
-        rows, sample_shape = split_sample_shape(X_val)
-        rows = validate_data(self, rows, dtype="numeric", reset=False)
-        check_sample_shape(sample_shape, image_shape, self.n_features_in_)
+        try:
+            rows, sample_shape = split_sample_shape(X_val)
+            rows = validate_data(self, rows, dtype="numeric", reset=False)
+            check_sample_shape(sample_shape, image_shape, self.n_features_in_)
+        except ValueError as exc:
+            # The checks word their errors for X; say which input they mean.
+            raise ValueError(
+                f"X_val does not fit the training inputs X: {exc}"
+            ) from exc
         y_val = column_or_1d(y_val, warn=True)
         check_consistent_length(rows, y_val)
         if len(y_val) == 0:
@@ -636,13 +642,24 @@ class SemiSupervisedAssociationClassifier(
                 f"compile has unknown keys {sorted(unknown)}; it takes keyword "
                 f"arguments of torch.compile: {sorted(COMPILE_ARGUMENTS)}."
             )
-        uses_graph = device.type == "cuda" and self.cuda_graph in ("auto", True)
-        if uses_graph and options.get("mode") in GRAPH_MODES:
+        if "mode" in options and "options" in options:
             raise ValueError(
-                f"compile mode {options['mode']!r} captures CUDA graphs of its "
-                "own, which cannot run inside skassoc's CUDA graph of the whole "
-                "step. Use mode 'max-autotune-no-cudagraphs' (or the default "
-                "mode), or set cuda_graph=False."
+                "compile takes 'mode' or 'options', not both (torch.compile "
+                "refuses them together); put the mode's settings in 'options'."
+            )
+        uses_graph = device.type == "cuda" and self.cuda_graph in ("auto", True)
+        inner_graphs = (options.get("options") or {}).get("triton.cudagraphs")
+        if uses_graph and (options.get("mode") in GRAPH_MODES or inner_graphs):
+            what = (
+                f"mode {options['mode']!r}"
+                if "mode" in options
+                else "option 'triton.cudagraphs'"
+            )
+            raise ValueError(
+                f"compile {what} captures CUDA graphs of its own, which cannot "
+                "run inside skassoc's CUDA graph of the whole step. Use mode "
+                "'max-autotune-no-cudagraphs' (or the default mode), or set "
+                "cuda_graph=False."
             )
         return options
 

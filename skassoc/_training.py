@@ -281,6 +281,7 @@ class _AssociationStep:
             if config.ema_decay is not None
             else None
         )
+        self._swapped_out = None
         # Device-side counters, so neither the weight ramp nor the loss
         # bookkeeping needs the host.
         self.step_count = torch.zeros((), device=device)
@@ -348,13 +349,17 @@ class _AssociationStep:
             yield
             return
         with torch.no_grad():
-            current = [param.detach().clone() for param in self.params]
+            # One buffer for the current weights, kept for the next swap.
+            if self._swapped_out is None:
+                self._swapped_out = [param.detach().clone() for param in self.params]
+            else:
+                torch._foreach_copy_(self._swapped_out, self.params)
             torch._foreach_copy_(self.params, self.ema_params)
         try:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_(self.params, current)
+                torch._foreach_copy_(self.params, self._swapped_out)
 
     def __call__(self):
         config = self.config

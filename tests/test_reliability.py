@@ -242,7 +242,11 @@ def test_bad_input_rejected_before_training(
         ("X", "y_as_strings", "no labeled sample of y has"),
         ("X", "y_mixed", "all strings or all numbers"),
         ("X", "y_short", "inconsistent numbers of samples"),
-        ("X_five_features", "y", "5 features"),
+        (
+            "X_five_features",
+            "y",
+            "X_val does not fit the training inputs X: .*5 features",
+        ),
         ("X_empty", "y_empty", "0 sample"),
     ],
 )
@@ -295,6 +299,12 @@ def test_compile_modes_with_graphs_of_their_own_need_no_cuda_graph(fast_params, 
     assert clf._compile_options(torch.device("cpu")) == {"mode": mode}
     assert make_clf(fast_params, compile=True)._compile_options(cuda) == {}
     assert make_clf(fast_params)._compile_options(cuda) is None
+    graphs = {"options": {"triton.cudagraphs": True}}
+    with pytest.raises(ValueError, match="option 'triton.cudagraphs' captures"):
+        make_clf(fast_params, compile=graphs)._compile_options(cuda)
+    both = {"mode": "default", "options": {"max_autotune": True}}
+    with pytest.raises(ValueError, match="'mode' or 'options', not both"):
+        make_clf(fast_params, compile=both)._compile_options(torch.device("cpu"))
     # NumPy booleans pass parameter validation, and mean what they say.
     assert make_clf(fast_params, compile=np.True_)._compile_options(cuda) == {}
     assert make_clf(fast_params, compile=np.False_)._compile_options(cuda) is None
