@@ -571,16 +571,14 @@ class SemiSupervisedAssociationClassifier(
                 f"X_val does not fit the training inputs X: {exc}"
             ) from exc
         y_val = column_or_1d(y_val, warn=True)
+        # (validate_data has refused an empty X_val already.)
         check_consistent_length(rows, y_val)
-        if len(y_val) == 0:
-            raise ValueError("X_val and y_val hold no samples; pass at least one.")
         unlabeled = unlabeled_mask(y_val)
         if unlabeled.any():
             raise ValueError(
                 f"y_val marks {int(unlabeled.sum())} of its samples as unlabeled "
-                "(-1); "
-                "validation needs the true label of every sample. Leave the "
-                "unlabeled ones out of X_val and y_val."
+                "(-1); validation needs the true label of every sample. Leave "
+                "the unlabeled ones out of X_val and y_val."
             )
         check_label_types(y_val)
         unknown = np.setdiff1d(y_val, classes)

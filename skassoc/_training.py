@@ -577,10 +577,10 @@ def _train(model, batches, config, device, streams, evaluate):
 
     def validate(completed):
         """Score the model after step ``completed`` when a score is due."""
-        due = completed % config.validation_interval == 0 or (
-            completed == config.max_iter
-        )
-        if evaluate is None or not due:
+        if evaluate is None:
+            return
+        due = completed % config.validation_interval == 0
+        if not (due or completed == config.max_iter):
             return
         with step.fitted_weights():
             model.eval()
