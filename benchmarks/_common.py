@@ -64,6 +64,29 @@ def git_revision():
         return None
 
 
+def source_digest(root=REPO_ROOT):
+    """SHA-256 of the package's and the benchmarks' Python sources.
+
+    The revision alone can mislead: a copy of the working tree run on another
+    machine may carry older git metadata than its files. This digest comes
+    from the files themselves; to find the commit a result was measured at,
+    check out candidates and compare
+    ``python -c "import _common; print(_common.source_digest())"`` (from
+    ``benchmarks/``) with the result's ``source_digest``.
+    """
+    import hashlib
+
+    root = Path(root)
+    digest = hashlib.sha256()
+    files = sorted(
+        [*(root / "skassoc").rglob("*.py"), *(root / "benchmarks").glob("*.py")]
+    )
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def environment(device):
     """Machine, library versions and revision: the header of every result file."""
     import numpy as np
@@ -83,6 +106,7 @@ def environment(device):
         "skassoc": skassoc.__version__,
         "skassoc_path": str(Path(skassoc.__file__).parent),
         "git_revision": git_revision(),
+        "source_digest": source_digest(),
         "torch_threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }

@@ -261,6 +261,23 @@ def test_bench_invalid_arguments(bench, capsys, script, args, match):
     assert match in capsys.readouterr().err
 
 
+def test_source_digest_follows_the_files(bench, tmp_path):
+    common = bench("_common")
+    for folder in ("skassoc", "benchmarks"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "skassoc" / "a.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "b.py").write_text("y = 2\n")
+    first = common.source_digest(tmp_path)
+    assert common.source_digest(tmp_path) == first
+    (tmp_path / "skassoc" / "a.py").write_text("x = 2\n")
+    assert common.source_digest(tmp_path) != first
+    # Only Python sources count: result files may change freely.
+    (tmp_path / "skassoc" / "a.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results.json").write_text("{}")
+    assert common.source_digest(tmp_path) == first
+    assert len(common.source_digest()) == 64
+
+
 def test_common_helpers(bench):
     common = bench("_common")
     params = {"max_iter": 100_000, "lr_decay_steps": 60_000, "visit_weight": 0.25}
