@@ -358,6 +358,17 @@ def build_plan(args, device_type, recipes, ablations):
         "eval_subset": args.eval_subset,
     }
 
+    def skassoc_run(params, labels, label_seed, random_state, **extra):
+        """One skassoc run's configuration; equal settings, equal signatures."""
+        return {
+            "method": "skassoc",
+            "params": {**params, "random_state": random_state},
+            "labels": labels,
+            "label_seed": label_seed,
+            **extra,
+            **common,
+        }
+
     def network(recipe, overrides=None, fit_on="all", track_test_error=False):
         params = network_params(recipe, overrides or {}, args, device_type)
         # Only runs that track it carry the key: the signatures of all other
@@ -366,15 +377,9 @@ def build_plan(args, device_type, recipes, ablations):
 
         def config_of(labels):
             def of_draw(draw):
-                return {
-                    "method": "skassoc",
-                    "params": {**params, "random_state": draw},
-                    "labels": labels,
-                    "label_seed": draw,
-                    "fit_on": fit_on,
-                    **tracking,
-                    **common,
-                }
+                return skassoc_run(
+                    params, labels, draw, draw, fit_on=fit_on, **tracking
+                )
 
             return of_draw
 
@@ -483,15 +488,11 @@ def build_plan(args, device_type, recipes, ablations):
                 for label_draw in range(args.seed_draws):
 
                     def of_seed(m, label_draw=label_draw, params=recipe_params_):
+                        # Seed m = 0 is the other parts' run of this draw.
                         seed = label_draw if m == 0 else 1000 * m + label_draw
-                        return {
-                            "method": "skassoc",
-                            "params": {**params, "random_state": seed},
-                            "labels": "100",
-                            "label_seed": label_draw,
-                            "fit_on": "all",
-                            **common,
-                        }
+                        return skassoc_run(
+                            params, "100", label_draw, seed, fit_on="all"
+                        )
 
                     plan.add_row(
                         part,
@@ -764,27 +765,34 @@ TABLE_HEADER = [
 ]
 
 
+def runs_cell(finished, planned):
+    """'Runs': the number finished, as finished/planned when incomplete."""
+    return str(finished) if finished == planned else f"{finished}/{planned}"
+
+
+def range_cell(values):
+    """'Min-max' of errors: one value alone, 'n/a' without any."""
+    if len(values) > 1:
+        return f"{min(values):.2f}-{max(values):.2f}"
+    return fmt_err(values[0] if len(values) else None)
+
+
+def median_cell(values):
+    return fmt_err(float(np.median(values)) if len(values) else None)
+
+
 def table_cells(rows, runs):
     cells = []
     for row in rows:
         s = row_stats(row, runs)
-        runs_text = (
-            str(s["runs"])
-            if s["runs"] == s["planned"]
-            else f"{s['runs']}/{s['planned']}"
-        )
         cells.append(
             [
                 row["title"],
                 row["labels"],
-                runs_text,
+                runs_cell(s["runs"], s["planned"]),
                 fmt_err(s["median"]),
                 fmt_err(s["std"]),
-                (
-                    f"{s['min']:.2f}-{s['max']:.2f}"
-                    if s["runs"] > 1
-                    else fmt_err(s["min"])
-                ),
+                range_cell(s["errors"]),
                 row["paper"] or "n/a",
                 (
                     "n/a"
@@ -814,24 +822,18 @@ def checkpoint_cells(rows, runs):
     cells = []
     for row in rows:
         done = finished_runs(row, runs)
-        last = np.array([r["test_error_percent"] for r in done], dtype=float)
-        lowest = np.array([r["lowest_test_error_percent"] for r in done], dtype=float)
+        last = [r["test_error_percent"] for r in done]
+        lowest = [r["lowest_test_error_percent"] for r in done]
         steps = [r["lowest_test_error_step"] for r in done]
-
-        def spread(values):
-            return f"{values.min():.2f}-{values.max():.2f}" if len(values) else "n/a"
-
         cells.append(
             [
                 row["title"],
                 row["labels"],
-                str(len(done))
-                if len(done) == row["draws"]
-                else f"{len(done)}/{row['draws']}",
-                fmt_err(float(np.median(last)) if len(done) else None),
-                spread(last),
-                fmt_err(float(np.median(lowest)) if len(done) else None),
-                spread(lowest),
+                runs_cell(len(done), row["draws"]),
+                median_cell(last),
+                range_cell(last),
+                median_cell(lowest),
+                range_cell(lowest),
                 f"{np.median(steps):.0f}" if steps else "n/a",
                 row["paper"] or "n/a",
             ]

@@ -562,9 +562,7 @@ class SemiSupervisedAssociationClassifier(
                 "on them during training, or neither."
             )
         try:
-            rows, sample_shape = split_sample_shape(X_val)
-            rows = validate_data(self, rows, dtype="numeric", reset=False)
-            check_sample_shape(sample_shape, image_shape, self.n_features_in_)
+            X_val = self._inputs_like_training(X_val, image_shape)
         except ValueError as exc:
             # The checks word their errors for X; say which input they mean.
             raise ValueError(
@@ -572,7 +570,7 @@ class SemiSupervisedAssociationClassifier(
             ) from exc
         y_val = column_or_1d(y_val, warn=True)
         # (validate_data has refused an empty X_val already.)
-        check_consistent_length(rows, y_val)
+        check_consistent_length(X_val, y_val)
         unlabeled = unlabeled_mask(y_val)
         if unlabeled.any():
             raise ValueError(
@@ -589,7 +587,7 @@ class SemiSupervisedAssociationClassifier(
                 f"{classes.tolist()[:10]}. Check that y_val uses the labels "
                 "(and their type) of y."
             )
-        return to_model_layout(rows, image_shape), y_val
+        return X_val, y_val
 
     def _training_config(
         self, max_iter, precision, model, augmentation, images, compile_options
@@ -814,10 +812,14 @@ class SemiSupervisedAssociationClassifier(
 
     def _validated_inputs(self, X):
         check_is_fitted(self)
+        return self._inputs_like_training(X, self.input_shape_)
+
+    def _inputs_like_training(self, X, image_shape):
+        """``X`` checked against the training inputs, in the model's layout."""
         rows, sample_shape = split_sample_shape(X)
         rows = validate_data(self, rows, dtype="numeric", reset=False)
-        check_sample_shape(sample_shape, self.input_shape_, self.n_features_in_)
-        return to_model_layout(rows, self.input_shape_)
+        check_sample_shape(sample_shape, image_shape, self.n_features_in_)
+        return to_model_layout(rows, image_shape)
 
     def _forward(self, X, output):
         """Run ``X`` through the fitted model; ``output`` picks what to keep."""

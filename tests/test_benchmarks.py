@@ -392,9 +392,23 @@ def test_bench_concurrency_measures_each_setting_once(bench):
     assert args.precisions == ["bf16", "tf32"]
 
 
-def test_bench_concurrency_skassoc_fits_in_threads(bench, torch_single_thread):
+def test_bench_concurrency_skassoc_fits_in_threads(
+    bench, torch_single_thread, monkeypatch
+):
     # Part (d) on the CPU: the same fits, one after another and in threads.
+    import threading
+
     script = bench("bench_concurrency")
+    fits = []
+    fit = script.SemiSupervisedAssociationClassifier.fit
+
+    def recording_fit(self, X, y):
+        fits.append((threading.get_ident(), self.max_iter, self.random_state))
+        return fit(self, X, y)
+
+    monkeypatch.setattr(
+        script.SemiSupervisedAssociationClassifier, "fit", recording_fit
+    )
     args = script.parse_args(
         ["--streams", "2", "--fit-steps", "2", "--pool-size", "200"]
     )
@@ -409,3 +423,14 @@ def test_bench_concurrency_skassoc_fits_in_threads(bench, torch_single_thread):
         threads["serial_s"] / threads["threads_s"]
     )
     assert threads["ms_per_step"] == pytest.approx(threads["threads_s"] / 4 * 1e3)
+    # A warm-up fit, two fits one after another in this thread, then two
+    # fits at once, each in a thread of its own.
+    main = threading.get_ident()
+    assert [(t == main, steps, seed) for t, steps, seed in fits[:3]] == [
+        (True, 2, 0),
+        (True, 2, 0),
+        (True, 2, 1),
+    ]
+    threaded = fits[3:]
+    assert sorted(seed for _, _, seed in threaded) == [0, 1]
+    assert len({t for t, _, _ in threaded} - {main}) == 2
