@@ -175,8 +175,10 @@ class SemiSupervisedAssociationClassifier(
         last step's weights.
     precision : {"auto", "fp32", "tf32", "bf16"}, default="auto"
         Arithmetic of the network on the GPU. ``"tf32"`` uses TF32 tensor
-        cores for float32 matrix products and convolutions, ``"bf16"`` runs
-        the network under bfloat16 autocast (the losses stay float32).
+        cores for the network's float32 matrix products and convolutions,
+        ``"bf16"`` runs the network under bfloat16 autocast. Whatever the
+        precision, the walker's similarities and transition probabilities
+        are computed in float64 and the losses in float32.
         ``"auto"`` is ``"tf32"`` on a GPU; on a CPU, ``"bf16"`` for image
         networks when the processor has native bf16 arithmetic (AVX-512 BF16
         or AMX) and ``"fp32"`` otherwise.

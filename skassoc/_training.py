@@ -178,7 +178,7 @@ def cpu_has_native_bf16():
 
 
 def autocast_context(device, precision):
-    """Autocast for the network's forward pass (the losses stay float32)."""
+    """Autocast for the network's forward pass (never for the losses)."""
     if precision != "bf16":
         return contextlib.nullcontext()
     # Cached casts would be freed under a CUDA graph's feet.

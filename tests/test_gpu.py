@@ -215,3 +215,23 @@ def test_image_format_on_the_gpu(digit_images):
     clf = fit(X, y_semi, image_size=32, image_channels=3)
     assert clf.network_ == "svhn"
     assert clf.score(X, y) > 0.7
+
+
+def test_walker_similarities_stay_exact_when_tf32_is_allowed():
+    from skassoc._losses import association_matrices
+
+    generator = torch.Generator().manual_seed(0)
+    # Dot products of a few tens, as between trained embeddings: TF32's
+    # 10-bit mantissas would move them by hundredths, and P_ab by percents.
+    a = torch.randn(100, 128, generator=generator) * 1.5
+    b = torch.randn(120, 128, generator=generator) * 1.5
+    expected = association_matrices(a.double(), b.double())
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        got = association_matrices(a.cuda(), b.cuda())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+    for p, p_expected in zip(got, expected):
+        assert p.dtype == torch.float32
+        torch.testing.assert_close(p.cpu().double(), p_expected, rtol=1e-4, atol=1e-7)
