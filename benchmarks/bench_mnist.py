@@ -232,6 +232,29 @@ ABLATIONS = {
         "augmentation": MILD_LABELED_AUGMENTATION,
         "logit_weight": 0.5,
     },
+    "+mild labeled augmentation+visit2": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "visit_weight": 2.0,
+    },
+    "+mild labeled augmentation+visit1.5+12k steps": {
+        "augmentation": MILD_LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+        "max_iter": 12_000,
+        "lr_decay_steps": 3_000,
+    },
+    "+medium labeled augmentation+visit1.5": {
+        "augmentation": {
+            "affine_std": 0.1,
+            "translate_std": 1.5,
+            "blur_probability": 0.0,
+            "unlabeled": False,
+        },
+        "visit_weight": 1.5,
+    },
+    "+labeled augmentation+visit1.5": {
+        "augmentation": {"unlabeled": False},
+        "visit_weight": 1.5,
+    },
 }
 
 #: Baseline methods on PCA features (run on the CPU).
