@@ -255,6 +255,29 @@ ABLATIONS = {
         "augmentation": {"unlabeled": False},
         "visit_weight": 1.5,
     },
+    "+labeled augmentation+12k steps": {
+        "augmentation": {"unlabeled": False},
+        "max_iter": 12_000,
+        "lr_decay_steps": 3_000,
+    },
+    "+labeled augmentation+visit1.5+12k steps": {
+        "augmentation": {"unlabeled": False},
+        "visit_weight": 1.5,
+        "max_iter": 12_000,
+        "lr_decay_steps": 3_000,
+    },
+    "+labeled augmentation+visit2+12k steps": {
+        "augmentation": {"unlabeled": False},
+        "visit_weight": 2.0,
+        "max_iter": 12_000,
+        "lr_decay_steps": 3_000,
+    },
+    "+strong labeled augmentation+visit1.5+12k steps": {
+        "augmentation": {"affine_std": 0.2, "translate_std": 2.5, "unlabeled": False},
+        "visit_weight": 1.5,
+        "max_iter": 12_000,
+        "lr_decay_steps": 3_000,
+    },
 }
 
 #: Baseline methods on PCA features (run on the CPU).
