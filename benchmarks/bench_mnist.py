@@ -272,12 +272,6 @@ ABLATIONS = {
         "max_iter": 12_000,
         "lr_decay_steps": 3_000,
     },
-    "+strong labeled augmentation+visit1.5+12k steps": {
-        "augmentation": {"affine_std": 0.2, "translate_std": 2.5, "unlabeled": False},
-        "visit_weight": 1.5,
-        "max_iter": 12_000,
-        "lr_decay_steps": 3_000,
-    },
 }
 
 #: Baseline methods on PCA features (run on the CPU).

@@ -39,12 +39,8 @@ RECIPES = {
     # for "paper".
     "improved": {
         **_PAPER,
-        "augmentation": {
-            "affine_std": 0.05,
-            "translate_std": 1.0,
-            "blur_probability": 0.0,
-            "unlabeled": False,
-        },
+        "augmentation": {"unlabeled": False},
+        "visit_weight": 1.5,
     },
     # Domain adaptation as in the authors' code (SVHN -> MNIST):
     # the SVHN network on 32x32 colour inputs, 10 labeled source samples per
