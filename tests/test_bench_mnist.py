@@ -40,7 +40,7 @@ def test_every_ablation_is_a_valid_parameter_set(bench_mnist):
             resolve_augmentation(params["augmentation"])
     improved = {
         **recipe_params("paper"),
-        **bench_mnist.ABLATIONS["+mild labeled augmentation"],
+        **bench_mnist.ABLATIONS["+labeled augmentation+visit1.5"],
     }
     assert improved == recipe_params("improved")
 
@@ -60,7 +60,7 @@ def test_tiny_run_records_rows_and_confusions(
             "--seed-recipes=improved",
             "--seeds-per-draw=2",
             "--recipes=improved",
-            "--ablations=+mild labeled augmentation,bf16",
+            "--ablations=+labeled augmentation+visit1.5,bf16",
             "--draws=1",
             "--ablation-draws=1",
             "--max-iter=3",
@@ -77,17 +77,17 @@ def test_tiny_run_records_rows_and_confusions(
     assert {row["setting"] for row in results["rows"]} >= {
         "paper",
         "improved",
-        "+mild labeled augmentation",
+        "+labeled augmentation+visit1.5",
         "bf16",
     }
     for run in runs.values():
         errors = sum(count for _, _, count in run["most_confused"])
         assert errors <= round(run["test_error_percent"] * run["n_eval"] / 100)
     # Identical configurations run once: recipe "improved" at 100 labels is
-    # the "+mild labeled augmentation" ablation.
+    # the "+labeled augmentation+visit1.5" ablation.
     improved = runs["recipes/improved/100/0"]
-    assert "ablations/+mild labeled augmentation/100/0" in improved["shared_with"]
-    assert "+mild labeled augmentation" in (tmp_path / "mnist.rst").read_text()
+    assert "ablations/+labeled augmentation+visit1.5/100/0" in improved["shared_with"]
+    assert "+labeled augmentation+visit1.5" in (tmp_path / "mnist.rst").read_text()
     # The checkpoints part trains its own run (tracking the test error after
     # the last step: 3 steps, fewer than the interval), not Table 1's.
     tracked = runs["checkpoints/paper/100/0"]
