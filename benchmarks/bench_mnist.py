@@ -43,10 +43,11 @@ ablations
     with ``--ablations``) per row, beside "paper" itself, over
     ``--ablation-draws`` draws: precision, weight averaging, augmentation
     (strength, and whether the unlabeled batch is augmented too), and loss
-    weights, batch sizes and schedules on top of the mild labeled-batch
-    augmentation of recipe "improved". Every skassoc run also records its
-    three most frequent confusions (``most_confused``), which tell a run
-    that gave part of one class to another from uniformly worse ones.
+    weights, batch sizes and schedules on top of a warp of the labeled batch
+    (recipe "improved" is "paper" plus ``+labeled augmentation+visit1.5``).
+    Every skassoc run also records its three most frequent confusions
+    (``most_confused``), which tell a run that gave part of one class to
+    another from uniformly worse ones.
 checkpoints
     100 labels, recipe "paper", ``--draws`` draws, with the test error also
     measured every ``CHECKPOINT_INTERVAL`` (500) steps during training
@@ -63,7 +64,8 @@ seeds
     fits that differ only in the network's seed (``random_state`` ``d``, as
     in the other parts, then ``1000 m + d`` for ``m`` = 1, 2, ...): how far
     one fit can land from another on the same labels, and whether recipe
-    "improved" (chosen on seeds 0-4) keeps its lead on other seeds.
+    "improved" (chosen with the network seeded by the label draw) keeps its
+    lead on other seeds.
 
 Identical runs (same method, parameters, labels and draw) are trained once
 and shared between the parts that show them, e.g. the ``visit_weight=1`` row
