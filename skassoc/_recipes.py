@@ -28,15 +28,16 @@ _PAPER = {
 RECIPES = {
     "paper": _PAPER,
     # The paper's recipe plus the paper's random warp (affine noise 0.15,
-    # shifts of 2 pixels, blur with probability 0.5) of the labeled batch
-    # only, the unlabeled batch left as it is, and visit weight 1.5. Chosen
-    # among the ablations of bench_mnist.py (MNIST, ten label draws, network
-    # seeded by the draw): median test error 0.74% with 100 labels and 0.53%
-    # with 1000, against 0.99% and 0.83% for "paper". It fails on some label
-    # draws: the walker hands one style of 7s (about 120 test images) to
-    # class 3, for about 2% error. Label draw 2 does so with every network
-    # seed tried, draw 3 with two of three (bench_mnist.py --parts seeds: 5
-    # of 15 fits above 1.5%, against 1 of 15 for "paper").
+    # shifts of standard deviation 2 pixels, blur with probability 0.5) of
+    # the labeled batch only, the unlabeled batch left as it is, and visit
+    # weight 1.5. Chosen among the ablations of bench_mnist.py (MNIST, ten
+    # label draws, network seeded by the draw): median test error 0.74% with
+    # 100 labels and 0.53% with 1000, against 0.99% and 0.83% for "paper".
+    # It fails on some label draws: the walker hands one style of 7s (about
+    # 120 test images) to class 3, for about 2% error. Of five label draws,
+    # draw 2 does so with each of three network seeds and draw 3 with two
+    # (bench_mnist.py --parts seeds: 5 of 15 fits above 1.5%, against 1 of
+    # 15 for "paper").
     "improved": {
         **_PAPER,
         "augmentation": {"unlabeled": False},
