@@ -177,8 +177,9 @@ class SemiSupervisedAssociationClassifier(
         Arithmetic of the network on the GPU. ``"tf32"`` uses TF32 tensor
         cores for the network's float32 matrix products and convolutions,
         ``"bf16"`` runs the network under bfloat16 autocast. Whatever the
-        precision, the walker's similarities and transition probabilities
-        are computed in float64 and the losses in float32.
+        precision, the walker's similarities and round-trip probabilities
+        are products computed in float64 and rounded to float32, and the
+        losses are float32.
         ``"auto"`` is ``"tf32"`` on a GPU; on a CPU, ``"bf16"`` for image
         networks when the processor has native bf16 arithmetic (AVX-512 BF16
         or AMX) and ``"fp32"`` otherwise.

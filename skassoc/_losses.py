@@ -58,22 +58,25 @@ def association_matrices(a, b):
     -----
     The similarity is the raw dot product ``M = a @ b.T`` (no temperature, no
     normalisation), as in the paper. The softmaxes subtract the row maximum,
-    so large embedding norms do not overflow. The products and softmaxes are
-    computed in float64 and returned in at least float32 (float64 inputs
-    stay float64), whatever the network's precision: bf16 embeddings from
-    autocast give round-trip probabilities too coarse for the walker loss,
-    and a float32 product on a GPU that allows TF32 (``precision="tf32"``)
-    rounds the embeddings to 10-bit mantissas, which shifts dot products in
-    the hundreds by tenths: noise in the walker's logits. These matrices are
-    small (labeled x unlabeled batch), so float64 costs next to nothing.
+    so large embedding norms do not overflow. The outputs are at least
+    float32 (float64 inputs stay float64), also for bf16 embeddings from
+    autocast: the round-trip probabilities of a bf16 softmax are too coarse
+    for the walker loss. The two matrix products are computed in float64 and
+    rounded to that type, whatever the network's precision: on a GPU that
+    allows TF32 (``precision="tf32"``), a float32 product would round the
+    embeddings to 10-bit mantissas first (on a trained MNIST network this
+    moved similarities of about 26 by up to 0.005). Rounding to the output
+    type keeps its range, so embeddings too large for it still overflow and
+    the fit stops with an error instead of training on. These matrices are
+    only labeled x unlabeled batch in size, so float64 costs little.
     """
     # Raise bf16/fp16 to float32, but keep float64 (do not downcast it).
     dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
-    match = a.double() @ b.double().T
+    match = (a.double() @ b.double().T).to(dtype)
     p_ab = torch.softmax(match, dim=1)
     p_ba = torch.softmax(match.T, dim=1)
-    p_aba = p_ab @ p_ba
-    return p_ab.to(dtype), p_ba.to(dtype), p_aba.to(dtype)
+    p_aba = (p_ab.double() @ p_ba.double()).to(dtype)
+    return p_ab, p_ba, p_aba
 
 
 def walker_loss(p_aba, labels):
