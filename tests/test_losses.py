@@ -237,9 +237,28 @@ def test_bf16_inputs_give_float32_outputs():
     logits = torch.tensor(a[:, :3]).bfloat16()
     assert classification_loss(logits, labels).dtype == torch.float32
     assert l2_penalty([a16], [1e-3]).dtype == torch.float32
-    # Computed from the bf16 values in float32, not rounded to bf16 again.
+    # Computed from the bf16 values in float64 and rounded to float32, not
+    # rounded to bf16 again.
     ref_ab, ref_ba, ref_aba = np_association(a16.double().numpy(), b16.double().numpy())
     np.testing.assert_allclose(p_aba.double().numpy(), ref_aba, rtol=1e-5, atol=1e-6)
+
+
+def test_float32_products_are_exact_up_to_their_final_rounding():
+    # Long, large embeddings: a float32 matrix product accumulates rounding
+    # errors of tens of units in the last place of these similarities (and
+    # TF32 on a GPU far more); the float64 product rounded once does not.
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(50, 2048, generator=generator) * 0.3
+    b = torch.randn(60, 2048, generator=generator) * 0.3
+    match = (a.double() @ b.double().T).float()
+    assert ((a @ b.T) != match).float().mean() > 0.5  # the test can tell
+    expected_ab = torch.softmax(match, dim=1)
+    expected_ba = torch.softmax(match.T, dim=1)
+    expected_aba = (expected_ab.double() @ expected_ba.double()).float()
+    p_ab, p_ba, p_aba = association_matrices(a, b)
+    torch.testing.assert_close(p_ab, expected_ab, rtol=2e-7, atol=1e-12)
+    torch.testing.assert_close(p_ba, expected_ba, rtol=2e-7, atol=1e-12)
+    torch.testing.assert_close(p_aba, expected_aba, rtol=2e-7, atol=1e-12)
 
 
 def test_walker_loss_prefers_classes_clustered_at_distinct_unlabeled_points():
