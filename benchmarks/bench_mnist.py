@@ -151,6 +151,10 @@ PAPER_VISIT = {0.0: "5.68", 0.25: "1.17", 0.5: "0.82", 1.0: "0.85"}
 MILD_AUGMENTATION = {"affine_std": 0.05, "translate_std": 1.0, "blur_probability": 0.0}
 #: The same on the labeled batch only (the earlier recipe "improved").
 MILD_LABELED_AUGMENTATION = {**MILD_AUGMENTATION, "unlabeled": False}
+#: The paper's warp on the labeled batch only (as in recipe "improved").
+LABELED_AUGMENTATION = {"unlabeled": False}
+#: A shorter schedule: 12,000 steps, the learning rate decayed every 3,000.
+STEPS_12K = {"max_iter": 12_000, "lr_decay_steps": 3_000}
 
 #: Parameter overrides on top of recipe "paper", one ablation row each.
 ABLATIONS = {
@@ -159,11 +163,11 @@ ABLATIONS = {
     "+augmentation+ema": {"augmentation": "paper", "ema_decay": 0.999},
     "bf16": {"precision": "bf16"},
     "fp32": {"precision": "fp32"},
-    "+labeled augmentation": {"augmentation": {"unlabeled": False}},
+    "+labeled augmentation": {"augmentation": LABELED_AUGMENTATION},
     "+mild augmentation": {"augmentation": MILD_AUGMENTATION},
     "+mild labeled augmentation": {"augmentation": MILD_LABELED_AUGMENTATION},
     "+labeled augmentation+visit0.5": {
-        "augmentation": {"unlabeled": False},
+        "augmentation": LABELED_AUGMENTATION,
         "visit_weight": 0.5,
     },
     "+mild labeled augmentation+visit0.5": {
@@ -171,7 +175,7 @@ ABLATIONS = {
         "visit_weight": 0.5,
     },
     "+labeled augmentation+ramp": {
-        "augmentation": {"unlabeled": False},
+        "augmentation": LABELED_AUGMENTATION,
         "association_ramp_steps": 5000,
     },
     "+mild labeled augmentation+ema": {
@@ -214,8 +218,7 @@ ABLATIONS = {
     },
     "+mild labeled augmentation+12k steps": {
         "augmentation": MILD_LABELED_AUGMENTATION,
-        "max_iter": 12_000,
-        "lr_decay_steps": 3_000,
+        **STEPS_12K,
     },
     "15k steps": {"max_iter": 15_000, "lr_decay_steps": 3_750},
     "+mild labeled augmentation+5 labeled per class": {
@@ -241,8 +244,7 @@ ABLATIONS = {
     "+mild labeled augmentation+visit1.5+12k steps": {
         "augmentation": MILD_LABELED_AUGMENTATION,
         "visit_weight": 1.5,
-        "max_iter": 12_000,
-        "lr_decay_steps": 3_000,
+        **STEPS_12K,
     },
     "+medium labeled augmentation+visit1.5": {
         "augmentation": {
@@ -254,33 +256,29 @@ ABLATIONS = {
         "visit_weight": 1.5,
     },
     "+labeled augmentation+visit1.5": {
-        "augmentation": {"unlabeled": False},
+        "augmentation": LABELED_AUGMENTATION,
         "visit_weight": 1.5,
     },
     "+labeled augmentation+12k steps": {
-        "augmentation": {"unlabeled": False},
-        "max_iter": 12_000,
-        "lr_decay_steps": 3_000,
+        "augmentation": LABELED_AUGMENTATION,
+        **STEPS_12K,
     },
     "+labeled augmentation+visit1.5+12k steps": {
-        "augmentation": {"unlabeled": False},
+        "augmentation": LABELED_AUGMENTATION,
         "visit_weight": 1.5,
-        "max_iter": 12_000,
-        "lr_decay_steps": 3_000,
+        **STEPS_12K,
     },
     "+labeled augmentation+visit2+12k steps": {
-        "augmentation": {"unlabeled": False},
+        "augmentation": LABELED_AUGMENTATION,
         "visit_weight": 2.0,
-        "max_iter": 12_000,
-        "lr_decay_steps": 3_000,
+        **STEPS_12K,
     },
     # Only 2 of its 10 draws ran in the committed results (the run was cut
     # short); resume with --ablations to complete it.
     "+strong labeled augmentation+visit1.5+12k steps": {
         "augmentation": {"affine_std": 0.2, "translate_std": 2.5, "unlabeled": False},
         "visit_weight": 1.5,
-        "max_iter": 12_000,
-        "lr_decay_steps": 3_000,
+        **STEPS_12K,
     },
 }
 

@@ -27,13 +27,14 @@ unlabeled images a step, Adam 1e-3 with StepLR(5000, 0.33)):
     ``first_fit_seconds``.
 (c) **time to accuracy** (skip with ``--skip-accuracy``): skassoc, recipe
     ``--accuracy-recipe`` (default "paper"), 100 labels drawn with
-    ``make_semi_supervised_labels(y, 10, random_state=seed)``. ``fit`` has no
-    callback and ``warm_start`` restarts the optimizer, so instead of
-    evaluating one run every 500 steps this runs complete fits of
-    ``--accuracy-steps`` steps (default 5000, 10000, 20000; each a full
-    schedule with ``lr_decay_steps = max_iter // 4``) and reports each fit's
-    wall time (evaluation excluded) and test error, and the shortest fit whose
-    test error is at most ``--target-error`` percent.
+    ``make_semi_supervised_labels(y, 10, random_state=seed)``. Scores during
+    one fit (``fit(X, y, X_val=..., y_val=...)``) would show a single
+    schedule part-way through; the question here is how short a whole
+    schedule can be, so this runs complete fits of ``--accuracy-steps``
+    steps (default 5000, 10000, 20000; each a full schedule with
+    ``lr_decay_steps = max_iter // 4``) and reports each fit's wall time
+    (evaluation excluded) and test error, and the shortest fit whose test
+    error is at most ``--target-error`` percent.
 (d) **predict throughput**: images/s of ``predict`` of the model of (b) on
     the 10,000 test images, and on ``--predict-rows`` rows made by tiling
     them (default 100,000 on a GPU, 20,000 on a CPU; shows the batching of

@@ -245,9 +245,8 @@ def test_bf16_inputs_give_float32_outputs():
 
 def test_float32_products_are_exact_up_to_their_final_rounding():
     # Long embeddings: a float32 matrix product accumulates rounding errors
-    # (here up to 4e-6 in similarities of about 10, several units in the
-    # last place; TF32 on a GPU far more); the float64 product rounded once
-    # is off by half a unit at most.
+    # of several units in the last place (TF32 on a GPU far more); the
+    # float64 product rounded once is off by half a unit at most.
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(50, 2048, generator=generator) * 0.3
     b = torch.randn(60, 2048, generator=generator) * 0.3
