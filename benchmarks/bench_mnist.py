@@ -273,6 +273,25 @@ ABLATIONS = {
         "visit_weight": 2.0,
         **STEPS_12K,
     },
+    "+labeled augmentation without blur+visit1.5": {
+        "augmentation": {"blur_probability": 0.0, "unlabeled": False},
+        "visit_weight": 1.5,
+    },
+    "+labeled augmentation+visit1.5+20 labeled per class": {
+        "augmentation": LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+        "labeled_per_class": 20,
+    },
+    "+labeled augmentation+visit1.5+300 unlabeled": {
+        "augmentation": LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+        "unlabeled_batch_size": 300,
+    },
+    "+labeled augmentation+visit1.5+ema": {
+        "augmentation": LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+        "ema_decay": 0.999,
+    },
     # Only 2 of its 10 draws ran in the committed results (the run was cut
     # short); resume with --ablations to complete it.
     "+strong labeled augmentation+visit1.5+12k steps": {
