@@ -32,6 +32,15 @@ def test_most_confused_counts_the_frequent_errors_first(bench_mnist):
     assert bench_mnist.most_confused(y_true, y_true) == []
 
 
+def test_confused_indices_are_the_test_images_of_the_first_confusion(bench_mnist):
+    y_true = np.array([7, 7, 7, 4, 4, 9, 1, 2])
+    y_pred = np.array([3, 3, 7, 9, 9, 4, 2, 2])
+    confusions = bench_mnist.most_confused(y_true, y_pred)
+    assert bench_mnist.confused_indices(y_true, y_pred, confusions) == [3, 4]
+    assert bench_mnist.confused_indices(y_true, y_pred, [[7, 3, 2]]) == [0, 1]
+    assert bench_mnist.confused_indices(y_true, y_true, []) == []
+
+
 def test_every_ablation_is_a_valid_parameter_set(bench_mnist):
     for overrides in bench_mnist.ABLATIONS.values():
         params = {**recipe_params("paper"), **overrides}
@@ -83,6 +92,8 @@ def test_tiny_run_records_rows_and_confusions(
     for run in runs.values():
         errors = sum(count for _, _, count in run["most_confused"])
         assert errors <= round(run["test_error_percent"] * run["n_eval"] / 100)
+        if run["most_confused"]:
+            assert len(run["most_confused_indices"]) == run["most_confused"][0][2]
     # Identical configurations run once: recipe "improved" at 100 labels is
     # the "+labeled augmentation+visit1.5" ablation.
     improved = runs["recipes/improved/100/0"]
@@ -206,3 +217,35 @@ def test_header_names_every_revision_behind_the_results(bench_mnist):
     runs = {"k/0": {"signature": "s0", "git_revision": "d"}, "k/1": {"signature": "s1"}}
     assert bench_mnist.git_revisions({"git_revision": "a"}, runs) == ["a", "d"]
     assert bench_mnist.git_revisions({}) == ["?"]
+
+
+def test_recipes_table_shows_the_draws_after_the_choice_apart(bench_mnist):
+    first = bench_mnist.SELECTION_DRAWS
+    draws = [0, 1, first, first + 1, first + 2]
+    errors = [0.5, 0.7, 0.9, 1.1, 3.0]
+    keys = [f"recipes/improved/100/{d}" for d in draws]
+    runs = {
+        key: {**_run(key, f"s{d}", e, "2026-01-01 00:00:00 +0000"), "draw": d}
+        for key, d, e in zip(keys, draws, errors, strict=True)
+    }
+    row = {
+        "title": 'recipe "improved"',
+        "labels": "100",
+        "paper": None,
+        "keys": keys,
+        "signatures": [f"s{d}" for d in draws],
+        "draws": len(draws),
+    }
+    header = bench_mnist.RECIPE_HEADER
+    (cells,) = bench_mnist.recipe_cells([row], runs)
+    assert len(cells) == len(header)
+    by_column = dict(zip(header, cells, strict=True))
+    assert by_column["Error % (median)"] == "0.90"
+    assert by_column[f"Median, draws 0-{first - 1}"] == "0.60"
+    assert by_column[f"Median, draws {first}+"] == "1.10"
+    # Without later draws there is nothing to set apart.
+    early = {**row, "keys": keys[:2], "signatures": row["signatures"][:2], "draws": 2}
+    (cells,) = bench_mnist.recipe_cells([early], runs)
+    by_column = dict(zip(header, cells, strict=True))
+    assert by_column[f"Median, draws {first}+"] == ""
+    assert by_column["Error % (median)"] == "0.60"
