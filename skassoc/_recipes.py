@@ -34,8 +34,8 @@ RECIPES = {
     # label draws 0-9 (network seeded by the draw), where its median test
     # error is 0.74% with 100 labels and 0.53% with 1000. On draws 10-19,
     # which played no part in the choice: 0.88% and 0.58%, against 0.90%
-    # and 0.77% for "paper" (a clear gain with 1000 labels, a small one
-    # with 100).
+    # and 0.77% for "paper" (better on all ten draws with 1000 labels, on
+    # five of ten with 100: no measurable gain there).
     # It fails on some label draws: the walker hands one style of 7s (about
     # 120 test images) to class 3, for about 2% error. Of five label draws,
     # draw 2 does so with each of three network seeds and draw 3 with two
