@@ -294,6 +294,8 @@ ABLATIONS = {
         "augmentation": {"blur_probability": 0.0, "unlabeled": False},
         "visit_weight": 1.5,
     },
+    # With 10 labeled samples per class, 20 a batch are drawn with
+    # replacement (skassoc warns): each sample about twice, warped apart.
     "+labeled augmentation+visit1.5+20 labeled per class": {
         "augmentation": LABELED_AUGMENTATION,
         "visit_weight": 1.5,
