@@ -377,7 +377,8 @@ PART_NOTES = {
     f"{CHECKPOINT_INTERVAL} steps and after the last. 'Lowest' is each run's "
     "minimum over these evaluations, picked on the test set: the paper's "
     "protocol for its visit-loss table, shown to compare with the paper, "
-    "never a result. Fit s includes the evaluations.",
+    "never a result. The fit times of these runs (per-run table) include the "
+    "evaluations.",
     "seeds": "Each row one label draw d, fitted with random_state d (the run of "
     "the recipes table) and 1000 m + d for m = 1, 2, ...: the same labels, "
     "other initial weights and batches.",
@@ -579,7 +580,7 @@ def build_plan(args, device_type, recipes, ablations):
 
                     def of_seed(m, label_draw=label_draw, params=recipe_params_):
                         # Seed m = 0 is the other parts' run of this draw.
-                        seed = label_draw if m == 0 else 1000 * m + label_draw
+                        seed = 1000 * m + label_draw
                         return skassoc_run(
                             params, "100", label_draw, seed, fit_on="all"
                         )
@@ -849,8 +850,6 @@ def row_stats(row, runs):
         "planned": row["draws"],
         "median": float(np.median(errors)) if n else None,
         "std": float(np.std(errors, ddof=1)) if n > 1 else None,
-        "min": float(errors.min()) if n else None,
-        "max": float(errors.max()) if n else None,
         "fit_seconds_median": float(np.median(seconds)) if n else None,
         "errors": errors.tolist(),
     }
@@ -1482,6 +1481,9 @@ def main(argv=None):
                 "config": config,
                 "device": meta["device"],
                 "git_revision": meta["git_revision"],
+                # Per run: after --resume or --merge the file's metadata
+                # holds only the last process's digest.
+                "source_digest": meta["source_digest"],
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             }
             run_start = time.perf_counter()

@@ -83,6 +83,8 @@ def test_tiny_run_records_rows_and_confusions(
     results = json.loads(out.read_text())
     runs = results["runs"]
     assert all(run["status"] == "ok" for run in runs.values())
+    digest = results["meta"]["source_digest"]
+    assert all(run["source_digest"] == digest for run in runs.values())
     assert {row["setting"] for row in results["rows"]} >= {
         "paper",
         "improved",
