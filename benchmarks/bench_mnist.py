@@ -100,10 +100,10 @@ estimate; with ``--shard I/N`` one process per GPU, then ``--merge``)::
     python benchmarks/bench_mnist.py --device cuda
 
 The committed results (``benchmarks/results/mnist_cuda.*``) use more draws
-(about 5 hours on one H100 by the same estimate; their checkpoints part ran
+(about 6.5 hours on one H100 by the same estimate; their checkpoints part ran
 with ``--draws 10``)::
 
-    python benchmarks/bench_mnist.py --device cuda --draws 20 \\
+    python benchmarks/bench_mnist.py --device cuda --draws 40 \\
         --ablation-draws 10 --seeds-per-draw 3
 """
 
@@ -130,6 +130,7 @@ from _common import (
 # Benchmark the checkout this script belongs to, installed or not.
 sys.path.insert(0, str(REPO_ROOT))
 
+from scipy.stats import binom  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier  # noqa: E402
@@ -853,6 +854,31 @@ def finished_runs(row, runs):
     ]
 
 
+#: Confidence of the interval shown around each median.
+MEDIAN_CONFIDENCE = 0.95
+
+
+def median_interval(values, confidence=MEDIAN_CONFIDENCE):
+    """Distribution-free confidence interval of the median of ``values``.
+
+    The order statistics x(k) and x(n + 1 - k), for the largest k with
+    P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2, hold the median of the
+    distribution the values were drawn from with probability at least
+    ``confidence``, whatever that distribution: a failing label draw moves
+    the interval by one rank, not by its error. None when there are too few
+    values for any interval (fewer than 6 at 95 %).
+    """
+    values = np.sort(np.asarray(values, dtype=float))
+    n = len(values)
+    tail = (1 - confidence) / 2
+    k = 0
+    while k < n // 2 and binom.cdf(k, n, 0.5) <= tail:
+        k += 1
+    if k == 0:
+        return None
+    return float(values[k - 1]), float(values[n - k])
+
+
 def row_stats(row, runs):
     done = finished_runs(row, runs)
     errors = np.array([r["test_error_percent"] for r in done], dtype=float)
@@ -873,6 +899,7 @@ TABLE_HEADER = [
     "Labels",
     "Runs",
     "Error % (median)",
+    f"Median {MEDIAN_CONFIDENCE:.0%} CI",
     "Std",
     "Min-max",
     "Paper",
@@ -896,6 +923,14 @@ def median_cell(values):
     return fmt_err(float(np.median(values)) if len(values) else None)
 
 
+def interval_cell(values):
+    """'low-high' of :func:`median_interval`, 'n/a' with too few values."""
+    interval = median_interval(values)
+    if interval is None:
+        return "n/a"
+    return f"{interval[0]:.2f}-{interval[1]:.2f}"
+
+
 def table_cells(rows, runs):
     cells = []
     for row in rows:
@@ -906,6 +941,7 @@ def table_cells(rows, runs):
                 row["labels"],
                 runs_cell(s["runs"], s["planned"]),
                 fmt_err(s["median"]),
+                interval_cell(s["errors"]),
                 fmt_err(s["std"]),
                 range_cell(s["errors"]),
                 row["paper"] or "n/a",
@@ -920,25 +956,45 @@ def table_cells(rows, runs):
 
 
 RECIPE_HEADER = [
-    *TABLE_HEADER[:6],
+    *TABLE_HEADER[:7],
     f"Median, draws 0-{SELECTION_DRAWS - 1}",
     f"Median, draws {SELECTION_DRAWS}+",
-    *TABLE_HEADER[6:],
+    f'Draws {SELECTION_DRAWS}+ better than "paper"',
+    *TABLE_HEADER[7:],
 ]
 
 
 def recipe_cells(rows, runs):
-    """Cells of the "recipes" part: the common columns, plus the medians of
-    the draws used to choose the recipes and of the later ones."""
+    """Cells of the "recipes" part: the common columns, the medians of the
+    draws used to choose the recipes and of the later ones, and on how many
+    of the later draws a recipe beats recipe "paper" (same labels, same
+    draw): the paired comparison, which the spread of label draws blurs
+    less than two medians."""
     cells = table_cells(rows, runs)
+
+    def errors_by_draw(row):
+        return {r["draw"]: r["test_error_percent"] for r in finished_runs(row, runs)}
+
+    paper_errors = {
+        row["labels"]: errors_by_draw(row)
+        for row in rows
+        if row.get("setting") == "paper"
+    }
     for row, row_cells in zip(rows, cells, strict=True):
-        done = finished_runs(row, runs)
-        errors = [(r["draw"], r["test_error_percent"]) for r in done]
-        chosen_on = [e for draw, e in errors if draw < SELECTION_DRAWS]
-        later = [e for draw, e in errors if draw >= SELECTION_DRAWS]
-        row_cells[6:6] = [
+        errors = errors_by_draw(row)
+        chosen_on = [e for draw, e in errors.items() if draw < SELECTION_DRAWS]
+        later = {d: e for d, e in errors.items() if d >= SELECTION_DRAWS}
+        paper = paper_errors.get(row["labels"], {})
+        paired = [d for d in later if d in paper]
+        wins = sum(later[d] < paper[d] for d in paired)
+        row_cells[7:7] = [
             median_cell(chosen_on) if later else "",
-            median_cell(later) if later else "",
+            median_cell(list(later.values())) if later else "",
+            (
+                f"{wins}/{len(paired)}"
+                if paired and row.get("setting") != "paper"
+                else ""
+            ),
         ]
     return cells
 

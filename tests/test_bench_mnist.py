@@ -251,3 +251,45 @@ def test_recipes_table_shows_the_draws_after_the_choice_apart(bench_mnist):
     by_column = dict(zip(header, cells, strict=True))
     assert by_column[f"Median, draws {first}+"] == ""
     assert by_column["Error % (median)"] == "0.60"
+
+
+def test_recipes_table_counts_the_later_draws_beaten_against_paper(bench_mnist):
+    first = bench_mnist.SELECTION_DRAWS
+    draws = [0, first, first + 1, first + 2]
+    paper_errors = [0.9, 0.8, 0.9, 1.0]
+    # Better on draw 0 (not counted: a draw of the choice) and on two of the
+    # three later draws; worse on the third.
+    improved_errors = [0.5, 0.7, 0.8, 1.5]
+    runs, rows = {}, []
+    for setting, errors in (("paper", paper_errors), ("improved", improved_errors)):
+        keys = [f"recipes/{setting}/100/{d}" for d in draws]
+        for key, d, e in zip(keys, draws, errors, strict=True):
+            runs[key] = {**_run(key, key, e, "2026-01-01 00:00:00 +0000"), "draw": d}
+        rows.append(
+            {
+                "title": f'recipe "{setting}"',
+                "setting": setting,
+                "labels": "100",
+                "paper": None,
+                "keys": keys,
+                "signatures": keys,
+                "draws": len(draws),
+            }
+        )
+    column = bench_mnist.RECIPE_HEADER.index(f'Draws {first}+ better than "paper"')
+    paper_cells, improved_cells = bench_mnist.recipe_cells(rows, runs)
+    assert improved_cells[column] == "2/3"
+    assert paper_cells[column] == ""
+
+
+def test_median_interval_is_the_binomial_order_statistics(bench_mnist):
+    # 40 values: the 95 % interval runs from the 14th to the 27th smallest.
+    values = np.arange(40.0)[::-1]
+    assert bench_mnist.median_interval(values) == (13.0, 26.0)
+    # A good draw turned into a failure, however bad, shifts it by one rank.
+    values[-1] = 1000.0
+    assert bench_mnist.median_interval(values) == (14.0, 27.0)
+    # With 6 values the interval is the range; with 5 there is none.
+    assert bench_mnist.median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0)
+    assert bench_mnist.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert bench_mnist.interval_cell([1.0, 2.0, 3.0, 4.0, 5.0]) == "n/a"
