@@ -325,6 +325,21 @@ ABLATIONS = {
         "max_iter": 40_000,
         "lr_decay_steps": 10_000,
     },
+    "+labeled augmentation+visit1.5+lr 5e-4": {
+        "augmentation": LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+        "learning_rate": 5e-4,
+    },
+    "+labeled augmentation+visit1.5+lr 2e-3": {
+        "augmentation": LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+        "learning_rate": 2e-3,
+    },
+    "+labeled augmentation+visit1.5+embedding 256": {
+        "augmentation": LABELED_AUGMENTATION,
+        "visit_weight": 1.5,
+        "embedding_dim": 256,
+    },
     # Only 2 of its 10 draws ran in the committed results (the run was cut
     # short); resume with --ablations to complete it.
     "+strong labeled augmentation+visit1.5+12k steps": {
