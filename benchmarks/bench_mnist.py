@@ -94,13 +94,13 @@ Quick check on a CPU::
         --train-subset 3000 --eval-subset 1000 --draws 2 --visit-draws 1 \\
         --baseline-draws 1 --json /tmp/m.json --markdown /tmp/m.md
 
-Full run on a GPU (about 160 minutes on one H100 by ``--dry-run``'s
+Full run on a GPU (about 3 hours on one H100 by ``--dry-run``'s
 estimate; with ``--shard I/N`` one process per GPU, then ``--merge``)::
 
     python benchmarks/bench_mnist.py --device cuda
 
 The committed results (``benchmarks/results/mnist_cuda.*``) use more draws
-(about 6.5 hours on one H100 by the same estimate; their checkpoints part ran
+(about 7 hours on one H100 by the same estimate; their checkpoints part ran
 with ``--draws 10``)::
 
     python benchmarks/bench_mnist.py --device cuda --draws 40 \\
@@ -156,6 +156,8 @@ CHECKPOINT_INTERVAL = 500
 #: SELECTION_DRAWS - 1; the recipes table shows later draws apart, as errors
 #: measured on labels that played no part in the choice.
 SELECTION_DRAWS = 10
+#: Confidence of the interval shown around each median.
+MEDIAN_CONFIDENCE = 0.95
 
 #: Labels per class of each setting (None: all labels, ``y`` as is).
 LABELS_PER_CLASS = {"100": 10, "1000": 100, "all": None}
@@ -399,7 +401,9 @@ PART_NOTES = {
     "Recipe 'improved' was chosen among the ablations on draws "
     f"0-{SELECTION_DRAWS - 1}, so its median there is optimistic; draws "
     f"{SELECTION_DRAWS} and up played no part in the choice, and their median "
-    "is the fair comparison.",
+    "is the fair comparison. The column 'better than \"paper\"' counts "
+    "those later draws on which the recipe's error is below that of recipe "
+    "'paper' with the same labels (ties count as not better).",
     "ablations": "Each row: recipe 'paper' plus the overrides shown; 'paper' "
     "is the same draws without overrides.",
     "checkpoints": "Recipe 'paper', 100 labels, the test error measured every "
@@ -869,10 +873,6 @@ def finished_runs(row, runs):
     ]
 
 
-#: Confidence of the interval shown around each median.
-MEDIAN_CONFIDENCE = 0.95
-
-
 def median_interval(values, confidence=MEDIAN_CONFIDENCE):
     """Distribution-free confidence interval of the median of ``values``.
 
@@ -1082,7 +1082,10 @@ def common_notes(meta):
         "Median and sample standard deviation (ddof=1) over random label "
         "draws; draw d hides labels with make_semi_supervised_labels(y, k, "
         "random_state=d) and seeds the model with random_state=d. 'Runs' is "
-        "the number of draws finished (finished/planned when incomplete).",
+        "the number of draws finished (finished/planned when incomplete). "
+        f"'Median {MEDIAN_CONFIDENCE:.0%} CI': a distribution-free confidence "
+        "interval of the median over label draws (order statistics, binomial; "
+        "n/a below 6 draws).",
         "Fit s: median wall time of fit() (validation, copy to the device, "
         "CUDA-graph capture, all training steps), prediction excluded.",
     ]

@@ -37,7 +37,7 @@ RECIPES = {
     # and 0.76% for "paper" (better on 23 of these 30 draws with 100
     # labels, on all 30 with 1000).
     # It fails on more label draws than "paper" (4 of 40 above 1.5%, against
-    # 2): the walker hands one style of 7s (about 120 test images; on draws
+    # 2): the walker hands one style of 7s (116-134 test images; on draws
     # 2 and 17, 7s with a crossbar, a style that the labeled 7s of those
     # draws lack) to another class, for about 2% error. Of five label draws,
     # draw 2 does so with each of three network seeds and draw 3 with two
