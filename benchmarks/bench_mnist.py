@@ -41,7 +41,8 @@ recipes
     draws 0 to ``SELECTION_DRAWS - 1`` (0-9); the table also shows the
     median of those draws and of the later ones apart (with ``--draws``
     above 10), the later ones being errors on labels that played no part
-    in the choice.
+    in the choice, and on how many of those later draws each recipe beats
+    "paper" with the same labels.
 ablations
     100 labels, "paper" plus one override set of ``ABLATIONS`` (below; pick
     with ``--ablations``) per row, beside "paper" itself, over
