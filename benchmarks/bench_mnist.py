@@ -177,6 +177,10 @@ LABELED_AUGMENTATION = {"unlabeled": False}
 #: Recipe "improved" as overrides of "paper": the paper's warp of the
 #: labeled batch and visit weight 1.5.
 IMPROVED = {"augmentation": LABELED_AUGMENTATION, "visit_weight": 1.5}
+#: Simard et al.'s elastic distortion for MNIST (displacements of about
+#: 1.4 pixels), and a stronger one (about 2 pixels).
+ELASTIC = {"elastic_alpha": 34.0, "elastic_sigma": 4.0}
+STRONG_ELASTIC = {"elastic_alpha": 50.0, "elastic_sigma": 4.0}
 #: A shorter schedule: 12,000 steps, the learning rate decayed every 3,000.
 STEPS_12K = {"max_iter": 12_000, "lr_decay_steps": 3_000}
 
@@ -333,6 +337,16 @@ ABLATIONS = {
     "+labeled augmentation+visit1.5+embedding 256": {
         **IMPROVED,
         "embedding_dim": 256,
+    },
+    # Elastic distortion of the labeled images (Simard et al. 2003) on top of
+    # the paper's warp: bent strokes, a variation the affine map lacks.
+    "+labeled augmentation+visit1.5+elastic": {
+        **IMPROVED,
+        "augmentation": {**LABELED_AUGMENTATION, **ELASTIC},
+    },
+    "+labeled augmentation+visit1.5+strong elastic": {
+        **IMPROVED,
+        "augmentation": {**LABELED_AUGMENTATION, **STRONG_ELASTIC},
     },
     # Only 2 of its 10 draws ran in the committed results (the run was cut
     # short); resume with --ablations to complete it.

@@ -28,7 +28,7 @@ def test_identity_affine_warp_keeps_pixels(images):
     augment = ImageAugmentation(
         affine_std=0, translate_std=0, blur_probability=0, invert_probability=0
     )
-    out = augment._affine(images, 12, 10)
+    out = augment._warp(images, 12, 10)
     torch.testing.assert_close(out, images, atol=1e-3, rtol=0)
 
 
@@ -69,6 +69,94 @@ def test_blur_probability_is_per_image():
     assert 0.35 < changed.float().mean().item() < 0.65
 
 
+@pytest.mark.parametrize("alpha, sigma", [(34.0, 4.0), (10.0, 2.0)])
+def test_elastic_field_is_smooth_and_of_the_documented_size(alpha, sigma):
+    # Uniform noise in [-1, 1] smoothed by a normalised Gaussian has standard
+    # deviation about 0.163 / sigma; PAPER_AUGMENTATION's comment says so.
+    torch.manual_seed(0)
+    augment = ImageAugmentation(elastic_alpha=alpha, elastic_sigma=sigma)
+    height, width = 40, 30
+    field = augment._elastic_field(500, height, width, "cpu")
+    assert field.shape == (500, height, width, 2)
+    # Back to pixels; the centre, away from the zero padding at the border.
+    pixels_x = field[..., 0] * width / 2
+    pixels_y = field[..., 1] * height / 2
+    margin = int(3 * sigma)
+    for pixels in (pixels_x, pixels_y):
+        centre = pixels[:, margin:-margin, margin:-margin]
+        assert centre.std().item() == pytest.approx(0.163 * alpha / sigma, rel=0.15)
+    # Smooth: a pixel moves almost like its neighbour, and images differ.
+    neighbours = torch.corrcoef(
+        torch.stack([pixels_x[:, :, 10:-10].flatten(), pixels_x[:, :, 11:-9].flatten()])
+    )[0, 1]
+    assert neighbours > 0.9
+    assert (pixels_x[0] - pixels_x[1]).abs().max() > 0.5
+
+
+def test_elastic_distortion_bends_the_image_and_keeps_its_mass():
+    image = torch.zeros(8, 1, 28, 28)
+    image[:, :, 4:24, 13:15] = 255  # a vertical stroke
+    augment = ImageAugmentation(
+        affine_std=0,
+        translate_std=0,
+        blur_probability=0,
+        elastic_alpha=34.0,
+        elastic_sigma=4.0,
+    )
+    torch.manual_seed(0)
+    out = augment(image)
+    assert torch.isfinite(out).all()
+    moved = (out - image).abs().flatten(1).amax(1)
+    assert (moved > 50).all()
+    assert (out[0] - out[1]).abs().max() > 50
+    # A displacement of about 1.4 pixels bends the stroke but keeps it where
+    # it was: its ink stays within a few pixels of the original columns.
+    columns = torch.arange(28.0)
+    centre = (out.sum(2).squeeze(1) * columns).sum(1) / out.sum((1, 2, 3))
+    assert ((centre - 13.5).abs() < 3).all()
+    assert (out[:, :, :, :8].amax((1, 2, 3)) < 1).all()
+
+
+def test_elastic_off_leaves_the_random_stream_alone(images):
+    # Results of earlier runs stay reproducible: with elastic_alpha=0 the
+    # warp draws the same random numbers as before the option existed.
+    torch.manual_seed(0)
+    out = ImageAugmentation()(images)
+    next_draw = torch.rand(1)
+    torch.manual_seed(0)
+    matrix_noise = torch.randn(6, 2, 2)
+    shift_noise = torch.randn(6, 2)
+    blur_choice = torch.rand(6, 1, 1, 1)
+    del matrix_noise, shift_noise, blur_choice
+    assert torch.equal(torch.rand(1), next_draw)
+    assert out.shape == images.shape
+
+
+def test_fit_with_elastic_labeled_augmentation():
+    X, y = _digit_images()
+    # Elastic distortion alone (the paper's warp is too strong for 8x8 digits
+    # in 150 steps), of about half a pixel.
+    elastic = {
+        "affine_std": 0.0,
+        "translate_std": 0.0,
+        "blur_probability": 0.0,
+        "elastic_alpha": 3.0,
+        "elastic_sigma": 1.0,
+        "unlabeled": False,
+    }
+    clf = SemiSupervisedAssociationClassifier(
+        augmentation=elastic,
+        labeled_per_class=5,
+        max_iter=150,
+        device="cpu",
+        random_state=0,
+    ).fit(X, y)
+    assert np.isfinite(clf.history_["total"]).all()
+    X_all, y_all = load_digits(return_X_y=True)
+    X_all = (X_all * 15).astype(np.uint8).reshape(-1, 8, 8)
+    assert clf.score(X_all, y_all) > 0.75
+
+
 def test_resolve_augmentation():
     assert resolve_augmentation(None) is None
     assert resolve_augmentation("paper")["affine_std"] == 0.15
@@ -82,6 +170,11 @@ def test_resolve_augmentation():
     off = resolve_augmentation({"blur_probability": 0, "blur_sigma": 0})
     assert off["blur_sigma"] == 0
     assert resolve_augmentation({"unlabeled": np.False_})["unlabeled"] is False
+    assert resolve_augmentation("paper")["elastic_alpha"] == 0
+    with pytest.raises(ValueError, match="elastic_sigma'\\] must be > 0"):
+        resolve_augmentation({"elastic_alpha": 34, "elastic_sigma": 0})
+    with pytest.raises(ValueError, match="elastic_alpha'\\] must be a finite"):
+        resolve_augmentation({"elastic_alpha": -1})
     with pytest.raises(ValueError, match="unlabeled.*True.*False"):
         resolve_augmentation({"unlabeled": "labeled"})
 

@@ -56,10 +56,17 @@ def test_precisions_train(digit_images, precision):
     assert clf.predict_proba(X).dtype == np.float32
 
 
-@pytest.mark.parametrize("unlabeled", [True, False])
-def test_augmentation_and_average_inside_the_graph(digit_images, unlabeled):
+@pytest.mark.parametrize(
+    "augmentation",
+    [
+        {"unlabeled": True},
+        {"unlabeled": False},
+        {"unlabeled": False, "elastic_alpha": 3.0, "elastic_sigma": 1.0},
+    ],
+)
+def test_augmentation_and_average_inside_the_graph(digit_images, augmentation):
     X, y, y_semi = digit_images
-    clf = fit(X, y_semi, augmentation={"unlabeled": unlabeled}, ema_decay=0.99)
+    clf = fit(X, y_semi, augmentation=augmentation, ema_decay=0.99)
     assert clf.score(X, y) > 0.6
 
 

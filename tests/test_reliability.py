@@ -209,6 +209,10 @@ def _bad_fit_cases():
                 ({"affine_std": None}, r"'affine_std'\] must be a finite number"),
                 ({"translate_std": np.inf}, r"'translate_std'\] must be a finite"),
                 ({"blur_sigma": 0}, r"blur_sigma'\] must be > 0"),
+                (
+                    {"elastic_alpha": 34, "elastic_sigma": 0},
+                    r"elastic_sigma'\] must be > 0",
+                ),
             ]
         ),
         pytest.param(
