@@ -47,7 +47,8 @@ ablations
     100 labels, "paper" plus one override set of ``ABLATIONS`` (below; pick
     with ``--ablations``) per row, beside "paper" itself, over
     ``--ablation-draws`` draws: precision, weight averaging, augmentation
-    (strength, and whether the unlabeled batch is augmented too), and loss
+    (strength, elastic distortion, and whether the unlabeled batch is
+    augmented too), and loss
     weights, batch sizes and schedules on top of a warp of the labeled batch
     (recipe "improved" is "paper" plus ``+labeled augmentation+visit1.5``).
     Every run also records its three most frequent confusions
