@@ -47,10 +47,10 @@ ablations
     100 labels, "paper" plus one override set of ``ABLATIONS`` (below; pick
     with ``--ablations``) per row, beside "paper" itself, over
     ``--ablation-draws`` draws: precision, weight averaging, augmentation
-    (strength, elastic distortion, and whether the unlabeled batch is
-    augmented too), and loss
-    weights, batch sizes and schedules on top of a warp of the labeled batch
-    (recipe "improved" is "paper" plus ``+labeled augmentation+visit1.5``).
+    (strength, elastic distortion, whether the unlabeled batch is augmented
+    too), and loss weights, batch sizes and schedules on top of a warp of the
+    labeled batch (recipe "improved" is "paper" plus
+    ``+labeled augmentation+visit1.5``).
     Every run also records its three most frequent confusions
     (``most_confused``), which tell a run that gave part of one class to
     another from uniformly worse ones, and the test-set indices of the
@@ -179,7 +179,7 @@ LABELED_AUGMENTATION = {"unlabeled": False}
 #: labeled batch and visit weight 1.5.
 IMPROVED = {"augmentation": LABELED_AUGMENTATION, "visit_weight": 1.5}
 #: Simard et al.'s elastic distortion for MNIST (displacements of about
-#: 1.4 pixels), and a stronger one (about 2 pixels).
+#: 1.4 pixels per axis), and a stronger one (about 2 pixels).
 ELASTIC = {"elastic_alpha": 34.0, "elastic_sigma": 4.0}
 STRONG_ELASTIC = {"elastic_alpha": 50.0, "elastic_sigma": 4.0}
 #: A shorter schedule: 12,000 steps, the learning rate decayed every 3,000.

@@ -165,14 +165,18 @@ class SemiSupervisedAssociationClassifier(
         device (image inputs only). ``"paper"``: the paper's random affine
         warp (``I + 0.15 N(0, 1)``, translation ``2 N(0, 1)`` pixels) and a
         7x7 Gaussian blur with probability 0.5. A dict overrides some of
-        ``affine_std``, ``translate_std``, ``blur_probability``, ``blur_sigma``,
-        ``invert_probability`` (inversion ``|x - 255|`` of raw pixels),
-        ``elastic_alpha`` and ``elastic_sigma`` (an elastic distortion, not
-        in the paper and off by default: a random displacement field of
-        about ``0.16 * elastic_alpha / elastic_sigma`` pixels, smoothed by a
-        Gaussian of ``elastic_sigma`` pixels) and ``unlabeled`` (default
-        True; False augments the labeled batch only and leaves the unlabeled
-        images as they are).
+        these settings:
+
+        - ``affine_std``, ``translate_std``: the warp;
+        - ``blur_probability``, ``blur_sigma``: the blur;
+        - ``invert_probability``: inversion ``|x - 255|`` of raw pixels;
+        - ``elastic_alpha``, ``elastic_sigma``: an elastic distortion, not
+          in the paper and off by default (``elastic_alpha=0``): random
+          displacements of about ``0.16 * elastic_alpha / elastic_sigma``
+          pixels per axis, smoothed by a Gaussian of ``elastic_sigma``
+          pixels;
+        - ``unlabeled``: True (default) augments both batches, False the
+          labeled batch only, leaving the unlabeled images as they are.
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
         the weights over training (decay per step, e.g. 0.999) instead of the

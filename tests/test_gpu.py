@@ -63,6 +63,7 @@ def test_precisions_train(digit_images, precision):
         {"unlabeled": False},
         {"unlabeled": False, "elastic_alpha": 3.0, "elastic_sigma": 1.0},
     ],
+    ids=["both_batches", "labeled_batch", "labeled_batch_elastic"],
 )
 def test_augmentation_and_average_inside_the_graph(digit_images, augmentation):
     X, y, y_semi = digit_images
