@@ -892,10 +892,9 @@ def median_interval(values, confidence=MEDIAN_CONFIDENCE):
     """
     values = np.sort(np.asarray(values, dtype=float))
     n = len(values)
-    tail = (1 - confidence) / 2
-    k = 0
-    while k < n // 2 and binom.cdf(k, n, 0.5) <= tail:
-        k += 1
+    # k: how many ranks j < n // 2 have P(Binomial(n, 1/2) <= j) <= tail
+    # (the cdf rises with j, so they are the first k).
+    k = int(np.sum(binom.cdf(np.arange(n // 2), n, 0.5) <= (1 - confidence) / 2))
     if k == 0:
         return None
     return float(values[k - 1]), float(values[n - k])
@@ -977,12 +976,14 @@ def table_cells(rows, runs):
     return cells
 
 
+#: Where the recipes table's own columns go: before the paper's figure.
+_RECIPE_COLUMNS_AT = TABLE_HEADER.index("Paper")
 RECIPE_HEADER = [
-    *TABLE_HEADER[:7],
+    *TABLE_HEADER[:_RECIPE_COLUMNS_AT],
     f"Median, draws 0-{SELECTION_DRAWS - 1}",
     f"Median, draws {SELECTION_DRAWS}+",
     f'Draws {SELECTION_DRAWS}+ better than "paper"',
-    *TABLE_HEADER[7:],
+    *TABLE_HEADER[_RECIPE_COLUMNS_AT:],
 ]
 
 
@@ -1009,7 +1010,7 @@ def recipe_cells(rows, runs):
         paper = paper_errors.get(row["labels"], {})
         paired = [d for d in later if d in paper]
         wins = sum(later[d] < paper[d] for d in paired)
-        row_cells[7:7] = [
+        row_cells[_RECIPE_COLUMNS_AT:_RECIPE_COLUMNS_AT] = [
             median_cell(chosen_on) if later else "",
             median_cell(list(later.values())) if later else "",
             (
