@@ -312,6 +312,12 @@ ABLATIONS = {
         **IMPROVED,
         "unlabeled_batch_size": 300,
     },
+    # A second warp of the unlabeled batch, whose walk to the labeled
+    # classes is trained toward that of the first (recipe "consistency").
+    "+labeled augmentation+visit1.5+consistency": {
+        **IMPROVED,
+        "consistency_weight": 1.0,
+    },
     "+labeled augmentation+visit1.5+ema": {
         **IMPROVED,
         "ema_decay": 0.999,
@@ -1321,7 +1327,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--recipes",
-        default="paper,improved",
+        default="paper,improved,consistency",
         help="comma list of skassoc.RECIPES names for the recipes part",
     )
     parser.add_argument(

@@ -177,6 +177,15 @@ class SemiSupervisedAssociationClassifier(
           pixels;
         - ``unlabeled``: True (default) augments both batches, False the
           labeled batch only, leaving the unlabeled images as they are.
+    consistency_weight : float, default=0.0
+        Weight of a consistency loss, not in the paper and off by default
+        (0). Every step then also embeds a second copy of the unlabeled
+        batch, augmented independently of the first (so ``augmentation``
+        must be set); for each unlabeled image, the walker's probabilities
+        of stepping to each class of the labeled batch from this copy are
+        trained toward those from the first one (cross-entropy, the latter
+        held fixed). It is delayed and ramped with the walker and visit
+        losses. Each step embeds half as many images again.
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
         the weights over training (decay per step, e.g. 0.999) instead of the
@@ -253,10 +262,11 @@ class SemiSupervisedAssociationClassifier(
         Training steps completed in the last ``fit``.
     history_ : dict of lists
         Loss curves: ``"step"``, ``"learning_rate"``, ``"total"``,
-        ``"walker"``, ``"visit"`` and ``"logit"``, each entry the mean over the
-        steps since the previous entry. ``"total"`` is the weighted sum of the
-        three losses; the L2 penalty is applied as Adam's weight decay (the
-        same gradient) and is not part of it. A fit given ``X_val`` and
+        ``"walker"``, ``"visit"`` and ``"logit"`` (and ``"consistency"`` with
+        ``consistency_weight > 0``), each entry the mean over the steps since
+        the previous entry. ``"total"`` is the weighted sum of the losses;
+        the L2 penalty is applied as Adam's weight decay (the same gradient)
+        and is not part of it. A fit given ``X_val`` and
         ``y_val`` adds ``"validation_step"`` and ``"validation_score"``: the
         accuracy on them of the model as it would be fitted at that step
         (with ``ema_decay``, the averaged weights). The fitted model is always
@@ -320,6 +330,7 @@ class SemiSupervisedAssociationClassifier(
         "association_ramp_steps": [Interval(Integral, 0, None, closed="left")],
         "l2_scale": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
         "augmentation": [None, StrOptions({"paper"}), dict],
+        "consistency_weight": [Interval(Real, 0, None, closed="left")],
         "ema_decay": [None, Interval(Real, 0, 1, closed="left")],
         "precision": [StrOptions({"auto", "fp32", "tf32", "bf16"})],
         "cuda_graph": ["boolean", StrOptions({"auto"})],
@@ -357,6 +368,7 @@ class SemiSupervisedAssociationClassifier(
         association_ramp_steps=0,
         l2_scale="auto",
         augmentation=None,
+        consistency_weight=0.0,
         ema_decay=None,
         precision="auto",
         cuda_graph="auto",
@@ -387,6 +399,7 @@ class SemiSupervisedAssociationClassifier(
         self.association_ramp_steps = association_ramp_steps
         self.l2_scale = l2_scale
         self.augmentation = augmentation
+        self.consistency_weight = consistency_weight
         self.ema_decay = ema_decay
         self.precision = precision
         self.cuda_graph = cuda_graph
@@ -505,6 +518,14 @@ class SemiSupervisedAssociationClassifier(
                 f"so it needs images of at least 4x4 pixels; these are "
                 f"{image_shape[1]}x{image_shape[2]}. Set "
                 "augmentation['blur_probability'] = 0 for them."
+            )
+        if self.consistency_weight > 0 and augmentation is None:
+            raise ValueError(
+                f"consistency_weight={self.consistency_weight} compares two random "
+                "augmentations of every unlabeled image, but augmentation is None. "
+                "Set augmentation (e.g. 'paper', or {'unlabeled': False} to warp "
+                "the second copy and the labeled batch only), or set "
+                "consistency_weight=0."
             )
         compile_options = self._compile_options(device)
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
@@ -629,6 +650,7 @@ class SemiSupervisedAssociationClassifier(
             log_interval=default_log_interval(max_iter),
             verbose=self.verbose,
             augmentation=augmentation,
+            consistency_weight=float(self.consistency_weight),
             ema_decay=self.ema_decay,
             validation_interval=self.validation_interval,
             compile=compile_options,

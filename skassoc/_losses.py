@@ -5,6 +5,9 @@ A labeled batch ``A`` and an unlabeled batch ``B`` are embedded by one network
 ones with probabilities given by a softmax over their dot products, then steps
 back. The *walker loss* rewards round trips that end in the class where they
 started; the *visit loss* rewards a walk that visits every unlabeled sample.
+Beyond the paper, the *consistency loss* asks the walk from an unlabeled
+sample back to the labeled classes to end alike for two random augmentations
+of that sample.
 """
 
 import torch
@@ -14,6 +17,8 @@ __all__ = [
     "association_matrices",
     "walker_loss",
     "visit_loss",
+    "walker_class_probabilities",
+    "consistency_loss",
     "classification_loss",
     "l2_penalty",
 ]
@@ -139,6 +144,68 @@ def visit_loss(p_ab):
     """
     p_visit = p_ab.mean(dim=0)
     return -torch.log(LOG_EPSILON + p_visit).mean()
+
+
+def walker_class_probabilities(p_ba, labels, n_classes):
+    """Probability that a walker leaving each unlabeled sample lands in each class.
+
+    Parameters
+    ----------
+    p_ba : torch.Tensor of shape (n_unlabeled, n_labeled)
+        Transition probabilities from the unlabeled to the labeled
+        embeddings (:func:`association_matrices`).
+    labels : torch.Tensor of shape (n_labeled,)
+        Integer class of every labeled sample.
+    n_classes : int
+        Number of classes (labels are ``0 .. n_classes - 1``).
+
+    Returns
+    -------
+    probabilities : torch.Tensor of shape (n_unlabeled, n_classes)
+        Row ``j`` sums the transition probabilities of ``b[j]`` over the
+        labeled samples of every class.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import walker_class_probabilities
+    >>> p_ba = torch.tensor([[0.5, 0.25, 0.25], [0.0, 0.0, 1.0]])
+    >>> walker_class_probabilities(p_ba, torch.tensor([0, 0, 1]), 2)
+    tensor([[0.7500, 0.2500],
+            [0.0000, 1.0000]])
+    """
+    one_hot = F.one_hot(labels, n_classes).to(p_ba.dtype)
+    return p_ba @ one_hot
+
+
+def consistency_loss(target, prediction):
+    """Cross-entropy of class probabilities against fixed target probabilities.
+
+    Parameters
+    ----------
+    target : torch.Tensor of shape (n_samples, n_classes)
+        Class probabilities of one view of every sample; no gradient flows
+        into them (they are detached here).
+    prediction : torch.Tensor of shape (n_samples, n_classes)
+        Class probabilities of another view of the same samples.
+
+    Returns
+    -------
+    loss : torch.Tensor
+        Scalar cross-entropy, averaged over the samples; smallest when each
+        prediction puts its mass where its target does.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import consistency_loss
+    >>> target = torch.tensor([[1.0, 0.0]])
+    >>> agree, disagree = torch.tensor([[0.9, 0.1]]), torch.tensor([[0.1, 0.9]])
+    >>> bool(consistency_loss(target, agree) < consistency_loss(target, disagree))
+    True
+    """
+    log_prediction = torch.log(LOG_EPSILON + prediction)
+    return -(target.detach() * log_prediction).sum(dim=1).mean()
 
 
 def classification_loss(logits, labels):

@@ -48,6 +48,16 @@ RECIPES = {
         "augmentation": {"unlabeled": False},
         "visit_weight": 1.5,
     },
+    # Recipe "improved" plus the consistency loss (consistency_weight=1, not
+    # in the paper): a second, independently warped copy of the unlabeled
+    # batch, whose walk back to the labeled classes is trained toward that of
+    # the first copy.
+    "consistency": {
+        **_PAPER,
+        "augmentation": {"unlabeled": False},
+        "visit_weight": 1.5,
+        "consistency_weight": 1.0,
+    },
     # Domain adaptation as in the authors' code (SVHN -> MNIST):
     # the SVHN network on 32x32 colour inputs, 10 labeled source samples per
     # class and 1,000 unlabeled target samples a step, Adam at 1e-4 decayed

@@ -22,7 +22,9 @@ from ._augmentation import ImageAugmentation
 from ._losses import (
     association_matrices,
     classification_loss,
+    consistency_loss,
     visit_loss,
+    walker_class_probabilities,
     walker_loss,
 )
 from ._networks import weight_tensors
@@ -37,6 +39,8 @@ __all__ = [
 ]
 
 LOSS_NAMES = ("total", "walker", "visit", "logit")
+# Recorded only by fits with consistency_weight > 0.
+CONSISTENCY = "consistency"
 
 # Eager steps run before capture: they let cuDNN pick its kernels and the
 # optimizer create its state, and they are real training steps.
@@ -64,6 +68,7 @@ class TrainingConfig:
     log_interval: int
     verbose: int
     augmentation: dict | None = None
+    consistency_weight: float = 0.0
     ema_decay: float | None = None
     embedding_chunk_size: int | None = 4096
     validation_interval: int | None = None
@@ -284,8 +289,11 @@ class _AssociationStep:
         self._swapped_out = None
         # Device-side counters, so neither the weight ramp nor the loss
         # bookkeeping needs the host.
+        self.loss_names = LOSS_NAMES
+        if config.consistency_weight > 0:
+            self.loss_names += (CONSISTENCY,)
         self.step_count = torch.zeros((), device=device)
-        self.loss_sum = torch.zeros(len(LOSS_NAMES), device=device)
+        self.loss_sum = torch.zeros(len(self.loss_names), device=device)
         self.first_nonfinite_step = torch.full((), -1.0, device=device)
 
     def prefetch(self):
@@ -366,27 +374,47 @@ class _AssociationStep:
         labels = self.batches.labels
         n_labeled = labels.shape[0]
         batch = self.batches.batch()
+        n_batch = batch.shape[0]
+        with_consistency = config.consistency_weight > 0
         if self.augment is not None:
+            # The labeled rows come first (see ``_batches``).
+            unlabeled = batch[n_labeled:]
             if self.augment_unlabeled:
                 batch = self.augment(batch)
             else:
-                # The labeled rows come first (see ``_batches``).
                 labeled = self.augment(batch[:n_labeled])
-                batch = torch.cat([labeled, batch[n_labeled:]])
+                batch = torch.cat([labeled, unlabeled])
+            if with_consistency:
+                # A second view of the unlabeled batch, warped independently
+                # of the first (drawn after it: fits without consistency keep
+                # their random stream). It is embedded in the same pass.
+                batch = torch.cat([batch, self.augment(unlabeled)])
         with autocast_context(self.device, config.precision):
             embeddings = self.embed(batch)
             logits = self.model.logits(embeddings[:n_labeled])
-        p_ab, _, p_aba = association_matrices(
-            embeddings[:n_labeled], embeddings[n_labeled:]
+        labeled_embeddings = embeddings[:n_labeled]
+        p_ab, p_ba, p_aba = association_matrices(
+            labeled_embeddings, embeddings[n_labeled:n_batch]
         )
         walker = walker_loss(p_aba, labels)
         visit = visit_loss(p_ab)
         logit = classification_loss(logits, labels)
-        scale = self.association_scale()
-        total = (
-            scale * (config.walker_weight * walker + config.visit_weight * visit)
-            + config.logit_weight * logit
-        )
+        association = config.walker_weight * walker + config.visit_weight * visit
+        terms = [walker, visit, logit]
+        if with_consistency:
+            # Where the walk from the second view ends should match where the
+            # walk from the first one ends (the target, held fixed).
+            n_classes = logits.shape[1]
+            _, p_view, _ = association_matrices(
+                labeled_embeddings, embeddings[n_batch:]
+            )
+            consistency = consistency_loss(
+                walker_class_probabilities(p_ba, labels, n_classes),
+                walker_class_probabilities(p_view, labels, n_classes),
+            )
+            association = association + config.consistency_weight * consistency
+            terms.append(consistency)
+        total = self.association_scale() * association + config.logit_weight * logit
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         self.optimizer.step()
@@ -396,7 +424,7 @@ class _AssociationStep:
                     self.ema_params, self.params, 1.0 - self.config.ema_decay
                 )
 
-        terms = torch.stack([total, walker, visit, logit]).detach()
+        terms = torch.stack([total, *terms]).detach()
         bad = (self.first_nonfinite_step < 0) & ~torch.isfinite(terms).all()
         self.first_nonfinite_step.copy_(
             torch.where(bad, self.step_count, self.first_nonfinite_step)
@@ -538,7 +566,8 @@ def _train(model, batches, config, device, streams, evaluate):
         optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
     )
     step = _AssociationStep(model, batches, optimizer, config, device)
-    history = {"step": [], "learning_rate": [], **{name: [] for name in LOSS_NAMES}}
+    history = {"step": [], "learning_rate": []}
+    history.update({name: [] for name in step.loss_names})
     if evaluate is not None:
         history["validation_step"] = []
         history["validation_score"] = []
@@ -567,12 +596,12 @@ def _train(model, batches, config, device, streams, evaluate):
         history["step"].append(completed)
         # The rate of the last step run (the scheduler may have moved past it).
         history["learning_rate"].append(_rate_of_step(config, completed))
-        for name, value in zip(LOSS_NAMES, means, strict=True):
+        for name, value in zip(step.loss_names, means, strict=True):
             history[name].append(value)
         logged_until = completed
         progress.update(n_steps)
         progress.set_postfix(
-            {name: f"{v:.3f}" for name, v in zip(LOSS_NAMES, means, strict=True)}
+            {name: f"{v:.3f}" for name, v in zip(step.loss_names, means, strict=True)}
         )
 
     def validate(completed):

@@ -71,6 +71,24 @@ def test_augmentation_and_average_inside_the_graph(digit_images, augmentation):
     assert clf.score(X, y) > 0.6
 
 
+@pytest.mark.parametrize("unlabeled", [False, True], ids=["labeled_batch", "both"])
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_consistency_loss_inside_the_graph(digit_images, unlabeled, precision):
+    X, y, y_semi = digit_images
+    augmentation = {"unlabeled": unlabeled, "blur_probability": 0.0}
+    clf = fit(
+        X,
+        y_semi,
+        augmentation=augmentation,
+        consistency_weight=1.0,
+        precision=precision,
+    )
+    consistency = clf.history_["consistency"]
+    assert np.isfinite(consistency).all()
+    assert consistency[-1] < consistency[0]
+    assert clf.score(X, y) > 0.6
+
+
 @pytest.mark.parametrize(
     "max_iter, interval, expected", [(2, 1, [1, 2]), (300, 120, [120, 240, 300])]
 )
