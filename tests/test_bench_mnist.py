@@ -52,6 +52,11 @@ def test_every_ablation_is_a_valid_parameter_set(bench_mnist):
         **bench_mnist.ABLATIONS["+labeled augmentation+visit1.5"],
     }
     assert improved == recipe_params("improved")
+    consistency = {
+        **recipe_params("paper"),
+        **bench_mnist.ABLATIONS["+labeled augmentation+visit1.5+consistency"],
+    }
+    assert consistency == recipe_params("consistency")
 
 
 def test_tiny_run_records_rows_and_confusions(

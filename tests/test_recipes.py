@@ -39,6 +39,12 @@ def test_improved_is_paper_plus_the_labeled_batch_warp_and_more_visits():
     assert augmentation == {"unlabeled": False}
 
 
+def test_consistency_is_improved_plus_the_consistency_loss():
+    improved, consistency = recipe_params("improved"), recipe_params("consistency")
+    assert consistency.pop("consistency_weight") > 0
+    assert consistency == improved
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_trains_on_small_images(name, torch_single_thread):
     X, y = load_digits(return_X_y=True)
