@@ -773,7 +773,7 @@ def run_job(config, data, device):
         out["final_loss"] = float(clf.history_["total"][-1])
         out["final_losses"] = {
             name: float(clf.history_[name][-1])
-            for name in ("walker", "visit", "logit")
+            for name in ("walker", "visit", "logit", "consistency")
             if clf.history_.get(name)
         }
         del clf

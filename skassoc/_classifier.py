@@ -185,7 +185,9 @@ class SemiSupervisedAssociationClassifier(
         of stepping to each class of the labeled batch from this copy are
         trained toward those from the first one (cross-entropy, the latter
         held fixed). It is delayed and ramped with the walker and visit
-        losses. Each step embeds half as many images again.
+        losses. Each step embeds ``unlabeled_batch_size`` more images. With
+        a batch-norm network (``"stl10"``) both copies are embedded in one
+        pass and share its batch statistics.
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
         the weights over training (decay per step, e.g. 0.999) instead of the

@@ -174,8 +174,10 @@ def walker_class_probabilities(p_ba, labels, n_classes):
     tensor([[0.7500, 0.2500],
             [0.0000, 1.0000]])
     """
-    one_hot = F.one_hot(labels, n_classes).to(p_ba.dtype)
-    return p_ba @ one_hot
+    # In float64, as the walker's other products: TF32 would round the
+    # probabilities to 10-bit mantissas first.
+    one_hot = F.one_hot(labels, n_classes).double()
+    return (p_ba.double() @ one_hot).to(p_ba.dtype)
 
 
 def consistency_loss(target, prediction):

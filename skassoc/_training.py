@@ -269,7 +269,10 @@ class _AssociationStep:
         self.embed_batch = model.embed
         if config.compile is not None:
             self.embed_batch = torch.compile(model.embed, **config.compile)
-            rows = batches.labels.shape[0] + batches.sampler.unlabeled_batch_size
+            n_unlabeled = batches.sampler.unlabeled_batch_size
+            # The consistency loss embeds a second copy of the unlabeled batch.
+            n_views = 2 if config.consistency_weight > 0 else 1
+            rows = batches.labels.shape[0] + n_views * n_unlabeled
             if self.chunk_size is not None and rows > self.chunk_size:
                 warnings.warn(
                     f"compile has no effect on this fit: its batch of {rows} "

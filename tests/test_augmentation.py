@@ -224,13 +224,18 @@ def test_fit_with_elastic_labeled_augmentation(torch_single_thread):
     assert clf.score(*_all_digit_images()) > 0.75
 
 
+@pytest.mark.parametrize("consistency_weight", [0.0, 1.0])
 @pytest.mark.parametrize("unlabeled", [True, False])
-def test_unlabeled_setting_chooses_the_augmented_rows(monkeypatch, unlabeled):
+def test_unlabeled_setting_chooses_the_augmented_rows(
+    monkeypatch, unlabeled, consistency_weight
+):
     # A stand-in augmentation that adds 1000 to every pixel it gets: the
     # network must see each batch row as drawn, plus 1000 exactly where the
-    # setting asks for augmentation.
+    # setting asks for augmentation. The consistency loss appends the drawn
+    # unlabeled rows warped once (never the first view warped again); without
+    # it, the step augments once and embeds nothing more.
     X, y = _digit_images()
-    drawn, seen = [], []
+    drawn, seen, augmented = [], [], []
     draw_batch = DeviceBatches.batch
     network_forward = MNISTNet.forward
 
@@ -244,11 +249,16 @@ def test_unlabeled_setting_chooses_the_augmented_rows(monkeypatch, unlabeled):
             seen.append(x.clone())
         return network_forward(self, x)
 
+    def stand_in(self, x):
+        augmented.append(x.shape[0])
+        return x + 1000.0
+
     monkeypatch.setattr(DeviceBatches, "batch", record_draw)
-    monkeypatch.setattr(ImageAugmentation, "forward", lambda self, x: x + 1000.0)
+    monkeypatch.setattr(ImageAugmentation, "forward", stand_in)
     monkeypatch.setattr(MNISTNet, "forward", record_input)
     clf = SemiSupervisedAssociationClassifier(
         augmentation={"unlabeled": unlabeled},
+        consistency_weight=consistency_weight,
         labeled_per_class=2,
         unlabeled_batch_size=7,
         max_iter=3,
@@ -256,12 +266,18 @@ def test_unlabeled_setting_chooses_the_augmented_rows(monkeypatch, unlabeled):
         random_state=0,
     ).fit(X, y)
     n_labeled = 2 * len(clf.classes_)
-    # The batch is the labeled rows, then the unlabeled ones.
-    shift = torch.tensor([1000.0] * n_labeled + [1000.0 if unlabeled else 0.0] * 7)
+    calls = [n_labeled + 7] if unlabeled else [n_labeled]
+    if consistency_weight:
+        calls.append(7)
+    assert augmented == calls * 3
     assert len(seen) == len(drawn) == 3
     for batch, network_input in zip(drawn, seen, strict=True):
-        expected = batch + shift.view(-1, 1, 1, 1)
-        torch.testing.assert_close(network_input, expected, rtol=0, atol=0)
+        # The batch is the labeled rows, then the unlabeled ones.
+        unlabeled_rows = batch[n_labeled:]
+        views = [batch[:n_labeled] + 1000.0, unlabeled_rows + 1000.0 * unlabeled]
+        if consistency_weight:
+            views.append(unlabeled_rows + 1000.0)
+        torch.testing.assert_close(network_input, torch.cat(views), rtol=0, atol=0)
 
 
 def test_augmentation_needs_images():

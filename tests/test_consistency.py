@@ -8,14 +8,12 @@ from sklearn.utils._param_validation import InvalidParameterError
 
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._augmentation import ImageAugmentation
-from skassoc._batches import DeviceBatches
 from skassoc._losses import (
     LOG_EPSILON,
     association_matrices,
     consistency_loss,
     walker_class_probabilities,
 )
-from skassoc._networks import MNISTNet
 
 # A mild warp without blur: the paper's is too strong for 8x8 digits in 150
 # steps (its 7x7 blur is most of the image).
@@ -72,53 +70,6 @@ def test_consistency_loss_is_the_cross_entropy_against_a_fixed_target():
         consistency_loss(target, target.detach()).item(), entropy, rtol=1e-12
     )
     assert consistency_loss(target, prediction).item() > entropy
-
-
-@pytest.mark.parametrize("unlabeled", [True, False])
-def test_second_view_warps_the_drawn_unlabeled_rows(monkeypatch, unlabeled):
-    # A stand-in augmentation that adds 1000 to every pixel it gets: the
-    # network must see the drawn batch (its labeled rows warped, its
-    # unlabeled rows as the setting says), then the drawn unlabeled rows
-    # warped once, never the first view warped again.
-    X, y = _digit_images()
-    drawn, seen = [], []
-    draw_batch = DeviceBatches.batch
-    network_forward = MNISTNet.forward
-
-    def record_draw(self):
-        batch = draw_batch(self)
-        drawn.append(batch.clone())
-        return batch
-
-    def record_input(self, x):
-        if self.training:
-            seen.append(x.clone())
-        return network_forward(self, x)
-
-    monkeypatch.setattr(DeviceBatches, "batch", record_draw)
-    monkeypatch.setattr(ImageAugmentation, "forward", lambda self, x: x + 1000.0)
-    monkeypatch.setattr(MNISTNet, "forward", record_input)
-    clf = SemiSupervisedAssociationClassifier(
-        augmentation={"unlabeled": unlabeled},
-        consistency_weight=1.0,
-        labeled_per_class=2,
-        unlabeled_batch_size=7,
-        max_iter=3,
-        device="cpu",
-        random_state=0,
-    ).fit(X, y)
-    n_labeled = 2 * len(clf.classes_)
-    assert len(seen) == len(drawn) == 3
-    for batch, network_input in zip(drawn, seen, strict=True):
-        unlabeled_rows = batch[n_labeled:]
-        expected = torch.cat(
-            [
-                batch[:n_labeled] + 1000.0,
-                unlabeled_rows + (1000.0 if unlabeled else 0.0),
-                unlabeled_rows + 1000.0,
-            ]
-        )
-        torch.testing.assert_close(network_input, expected, rtol=0, atol=0)
 
 
 def _view_disagreement(clf, seed):

@@ -328,6 +328,30 @@ def test_compile_warns_when_the_batch_is_embedded_in_chunks(fast_params, digits_
         clf.fit(X, np.where(np.arange(len(y)) % 2 == 0, y, -1))
 
 
+@pytest.mark.parametrize("consistency_weight, warns", [(0.0, False), (1.0, True)])
+def test_compile_warning_counts_the_second_view_of_the_consistency_loss(
+    fast_params, digits_images, consistency_weight, warns
+):
+    # 20 labeled and 2,050 unlabeled images fit in one chunk of 4,096; with
+    # the second view of the consistency loss, 4,120 images do not.
+    X, y = digits_images
+    clf = make_clf(
+        fast_params,
+        network="mnist",
+        max_iter=1,
+        labeled_per_class=2,
+        unlabeled_batch_size=2050,
+        compile={"backend": "eager"},
+        augmentation={"blur_probability": 0.0, "unlabeled": False},
+        consistency_weight=consistency_weight,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clf.fit(X, np.where(np.arange(len(y)) % 2 == 0, y, -1))
+    messages = [str(warning.message) for warning in caught]
+    assert any("compile has no effect" in m for m in messages) == warns
+
+
 def test_cuda_requested_without_cuda(fast_params, blobs, no_training, monkeypatch):
     X, y = blobs
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
