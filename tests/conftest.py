@@ -71,6 +71,19 @@ def digits_small(_digits):
 
 
 @pytest.fixture
+def bright_digit_images(_digits):
+    """300 digits as (n, 8, 8) uint8 images, pixels 0..240, every third labeled.
+
+    The augmentation works on raw pixel values (0..255); the others are -1.
+    """
+    X, y = _digits
+    images = (X[:300] * 15).astype(np.uint8).reshape(-1, 8, 8)
+    y_semi = y[:300].copy()
+    y_semi[np.arange(300) % 3 != 0] = -1
+    return images, y_semi
+
+
+@pytest.fixture
 def digits_images(_digits):
     """200 digits as (n, 8, 8) uint8 images (pixel values 0..16) and labels."""
     X, y = _digits

@@ -164,21 +164,13 @@ def test_resolve_augmentation():
         resolve_augmentation({"unlabeled": "labeled"})
 
 
-def _digit_images(n=300):
-    X, y = load_digits(return_X_y=True)
-    X = (X[:n] * 15).astype(np.uint8).reshape(-1, 8, 8)
-    y = y[:n].copy()
-    y[np.arange(n) % 3 != 0] = -1
-    return X, y
-
-
 def _all_digit_images():
     X, y = load_digits(return_X_y=True)
     return (X * 15).astype(np.uint8).reshape(-1, 8, 8), y
 
 
-def _fit_on_digit_images(augmentation):
-    X, y = _digit_images()
+def _fit_on_digit_images(images, augmentation):
+    X, y = images
     return SemiSupervisedAssociationClassifier(
         augmentation=augmentation,
         labeled_per_class=5,
@@ -188,17 +180,20 @@ def _fit_on_digit_images(augmentation):
     ).fit(X, y)
 
 
-def test_the_network_learns_from_the_augmented_images(torch_single_thread):
+def test_the_network_learns_from_the_augmented_images(
+    bright_digit_images, torch_single_thread
+):
     # Inversion of every image (and nothing else): trained only on inverted
     # digits, the model must recognise inverted digits far better than the
     # originals it never saw.
     clf = _fit_on_digit_images(
+        bright_digit_images,
         {
             "affine_std": 0.0,
             "translate_std": 0.0,
             "blur_probability": 0.0,
             "invert_probability": 1.0,
-        }
+        },
     )
     X_all, y_all = _all_digit_images()
     on_inverted = clf.score(255 - X_all, y_all)
@@ -206,11 +201,14 @@ def test_the_network_learns_from_the_augmented_images(torch_single_thread):
     assert on_inverted - clf.score(X_all, y_all) > 0.3
 
 
-def test_fit_with_elastic_labeled_augmentation(torch_single_thread):
+def test_fit_with_elastic_labeled_augmentation(
+    bright_digit_images, torch_single_thread
+):
     # Elastic distortion alone (the paper's warp is too strong for 8x8 digits
     # in 150 steps), of about half a pixel per axis. Displacements ten times
     # too large bring the score near 0.2.
     clf = _fit_on_digit_images(
+        bright_digit_images,
         {
             "affine_std": 0.0,
             "translate_std": 0.0,
@@ -218,7 +216,7 @@ def test_fit_with_elastic_labeled_augmentation(torch_single_thread):
             "elastic_alpha": 3.0,
             "elastic_sigma": 1.0,
             "unlabeled": False,
-        }
+        },
     )
     assert np.isfinite(clf.history_["total"]).all()
     assert clf.score(*_all_digit_images()) > 0.75
@@ -227,14 +225,14 @@ def test_fit_with_elastic_labeled_augmentation(torch_single_thread):
 @pytest.mark.parametrize("consistency_weight", [0.0, 1.0])
 @pytest.mark.parametrize("unlabeled", [True, False])
 def test_unlabeled_setting_chooses_the_augmented_rows(
-    monkeypatch, unlabeled, consistency_weight
+    monkeypatch, bright_digit_images, unlabeled, consistency_weight
 ):
     # A stand-in augmentation that adds 1000 to every pixel it gets: the
     # network must see each batch row as drawn, plus 1000 exactly where the
     # setting asks for augmentation. The consistency loss appends the drawn
     # unlabeled rows warped once (never the first view warped again); without
     # it, the step augments once and embeds nothing more.
-    X, y = _digit_images()
+    X, y = bright_digit_images
     drawn, seen, augmented = [], [], []
     draw_batch = DeviceBatches.batch
     network_forward = MNISTNet.forward
@@ -280,8 +278,8 @@ def test_unlabeled_setting_chooses_the_augmented_rows(
         torch.testing.assert_close(network_input, torch.cat(views), rtol=0, atol=0)
 
 
-def test_augmentation_needs_images():
-    X, y = _digit_images()
+def test_augmentation_needs_images(bright_digit_images):
+    X, y = bright_digit_images
     clf = SemiSupervisedAssociationClassifier(
         augmentation="paper", max_iter=5, device="cpu"
     )
@@ -289,8 +287,10 @@ def test_augmentation_needs_images():
         clf.fit(X.reshape(len(X), -1), y)
 
 
-def test_ema_decay_zero_is_the_last_step_and_high_decay_stays_at_init():
-    X, y = _digit_images()
+def test_ema_decay_zero_is_the_last_step_and_high_decay_stays_at_init(
+    bright_digit_images,
+):
+    X, y = bright_digit_images
     params = dict(network="mlp", hidden_layer_sizes=(16,), max_iter=30, device="cpu")
     plain = SemiSupervisedAssociationClassifier(**params, random_state=0).fit(X, y)
     ema0 = SemiSupervisedAssociationClassifier(

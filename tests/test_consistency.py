@@ -21,16 +21,8 @@ WARP = {"affine_std": 0.05, "translate_std": 0.5, "blur_probability": 0.0}
 LABELED_WARP = {**WARP, "unlabeled": False}
 
 
-def _digit_images(n=300):
-    X, y = load_digits(return_X_y=True)
-    X = (X[:n] * 15).astype(np.uint8).reshape(-1, 8, 8)
-    y = y[:n].copy()
-    y[np.arange(n) % 3 != 0] = -1
-    return X, y
-
-
-def _fit(**params):
-    X, y = _digit_images()
+def _fit(images, **params):
+    X, y = images
     defaults = dict(labeled_per_class=5, max_iter=150, device="cpu", random_state=0)
     return SemiSupervisedAssociationClassifier(**{**defaults, **params}).fit(X, y)
 
@@ -72,9 +64,9 @@ def test_consistency_loss_is_the_cross_entropy_against_a_fixed_target():
     assert consistency_loss(target, prediction).item() > entropy
 
 
-def _view_disagreement(clf, seed):
+def _view_disagreement(clf, images, seed):
     """Mean cross-entropy between the walker's classes of two warps of X."""
-    X, y = _digit_images()
+    X, y = images
     model = clf.model_
     images = torch.as_tensor(X[y == -1], dtype=torch.float32)[:, None]
     labeled = torch.as_tensor(X[y != -1], dtype=torch.float32)[:, None]
@@ -94,24 +86,36 @@ def _view_disagreement(clf, seed):
         return float(consistency_loss(target, prediction))
 
 
-def test_consistency_loss_makes_warps_of_an_image_walk_alike(torch_single_thread):
+def test_consistency_loss_makes_warps_of_an_image_walk_alike(
+    bright_digit_images, torch_single_thread
+):
     # Trained with the loss, two warps of an unlabeled digit lead the walker
     # to the labeled classes more alike than without it. The control has a
     # negligible weight, so that both fits draw the same batches and warps.
     # Measured: 0.50-0.67 against 0.64-0.86.
-    plain = _fit(augmentation=LABELED_WARP, consistency_weight=1e-9)
-    consistent = _fit(augmentation=LABELED_WARP, consistency_weight=3.0)
+    images = bright_digit_images
+    plain = _fit(images, augmentation=LABELED_WARP, consistency_weight=1e-9)
+    consistent = _fit(images, augmentation=LABELED_WARP, consistency_weight=3.0)
     for seed in range(3):
-        assert _view_disagreement(consistent, seed) < _view_disagreement(plain, seed)
+        assert _view_disagreement(consistent, images, seed) < _view_disagreement(
+            plain, images, seed
+        )
     X_all, y_all = load_digits(return_X_y=True)
     X_all = (X_all * 15).astype(np.uint8).reshape(-1, 8, 8)
     assert consistent.score(X_all, y_all) > 0.8
 
 
-def test_history_records_the_loss_only_when_it_is_on(torch_single_thread):
-    plain = _fit(augmentation=LABELED_WARP, max_iter=40)
+def test_history_records_the_loss_only_when_it_is_on(
+    bright_digit_images, torch_single_thread
+):
+    plain = _fit(bright_digit_images, augmentation=LABELED_WARP, max_iter=40)
     assert "consistency" not in plain.history_
-    clf = _fit(augmentation=LABELED_WARP, consistency_weight=1.0, max_iter=40)
+    clf = _fit(
+        bright_digit_images,
+        augmentation=LABELED_WARP,
+        consistency_weight=1.0,
+        max_iter=40,
+    )
     history = clf.history_
     assert len(history["consistency"]) == len(history["step"])
     assert np.isfinite(history["consistency"]).all()
@@ -120,10 +124,13 @@ def test_history_records_the_loss_only_when_it_is_on(torch_single_thread):
     assert abs(history["consistency"][0] - np.log(10)) < 0.1
 
 
-def test_consistency_waits_for_the_association_delay(torch_single_thread):
+def test_consistency_waits_for_the_association_delay(
+    bright_digit_images, torch_single_thread
+):
     # While the walker and visit losses are off, so is the consistency loss:
     # the total is the classification loss alone, though all are recorded.
     clf = _fit(
+        bright_digit_images,
         augmentation=LABELED_WARP,
         consistency_weight=5.0,
         association_delay=100,
@@ -134,8 +141,10 @@ def test_consistency_waits_for_the_association_delay(torch_single_thread):
     assert min(history["consistency"]) > 0
 
 
-def test_consistency_needs_augmentation_and_leaves_a_fitted_model_alone():
-    X, y = _digit_images()
+def test_consistency_needs_augmentation_and_leaves_a_fitted_model_alone(
+    bright_digit_images,
+):
+    X, y = bright_digit_images
     clf = SemiSupervisedAssociationClassifier(
         labeled_per_class=5, max_iter=5, device="cpu", random_state=0
     ).fit(X, y)
