@@ -313,8 +313,8 @@ ABLATIONS = {
         **IMPROVED,
         "unlabeled_batch_size": 300,
     },
-    # A second warp of the unlabeled batch, whose walk to the labeled
-    # classes is trained toward that of the first (recipe "consistency").
+    # A warped copy of the unlabeled batch, whose walk to the labeled classes
+    # is trained toward that of the batch as it is (recipe "consistency").
     "+labeled augmentation+visit1.5+consistency": {
         **IMPROVED,
         "consistency_weight": 1.0,

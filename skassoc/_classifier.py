@@ -151,10 +151,11 @@ class SemiSupervisedAssociationClassifier(
         Weight of the classification loss on the labeled batch.
     association_delay : int, default=0
         Steps trained with the classification loss alone before the walker
-        and visit losses are switched on (domain adaptation uses this).
+        and visit losses (and the consistency loss) are switched on (domain
+        adaptation uses this).
     association_ramp_steps : int, default=0
-        Steps over which the walker and visit weights then grow linearly from
-        zero to their values; 0 switches them on at once.
+        Steps over which the walker, visit and consistency weights then grow
+        linearly from zero to their values; 0 switches them on at once.
     l2_scale : float or "auto", default="auto"
         L2 penalty ``l2_scale * sum(w**2) / 2`` on the embedding network's
         weights (not biases). ``"auto"`` uses the paper's value for the
@@ -176,17 +177,19 @@ class SemiSupervisedAssociationClassifier(
           pixels per axis, smoothed by a Gaussian of ``elastic_sigma``
           pixels;
         - ``unlabeled``: True (default) augments both batches, False the
-          labeled batch only, leaving the unlabeled images as they are.
+          labeled batch only, leaving the unlabeled images as they are
+          (the second copy of ``consistency_weight`` is always augmented).
     consistency_weight : float, default=0.0
         Weight of a consistency loss, not in the paper and off by default
         (0). Every step then also embeds a second copy of the unlabeled
-        batch, augmented independently of the first (so ``augmentation``
-        must be set); for each unlabeled image, the walker's probabilities
-        of stepping to each class of the labeled batch from this copy are
-        trained toward those from the first one (cross-entropy, the latter
-        held fixed). It is delayed and ramped with the walker and visit
-        losses. Each step embeds ``unlabeled_batch_size`` more images. With
-        a batch-norm network (``"stl10"``) both copies are embedded in one
+        batch, augmented independently of the batch as the step uses it
+        (unaugmented with ``unlabeled=False``; ``augmentation`` must be
+        set); for each unlabeled image, the walker's probabilities of
+        stepping to each class of the labeled batch from this copy are
+        trained toward those from the batch (cross-entropy, the latter held
+        fixed). It is delayed and ramped with the walker and visit losses.
+        Each step embeds ``unlabeled_batch_size`` more images. With a
+        batch-norm network (``"stl10"``) both copies are embedded in one
         pass and share its batch statistics.
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
@@ -523,11 +526,11 @@ class SemiSupervisedAssociationClassifier(
             )
         if self.consistency_weight > 0 and augmentation is None:
             raise ValueError(
-                f"consistency_weight={self.consistency_weight} compares two random "
-                "augmentations of every unlabeled image, but augmentation is None. "
-                "Set augmentation (e.g. 'paper', or {'unlabeled': False} to warp "
-                "the second copy and the labeled batch only), or set "
-                "consistency_weight=0."
+                f"consistency_weight={self.consistency_weight} compares every "
+                "unlabeled image with a random augmentation of it, but "
+                "augmentation is None. Set augmentation (e.g. 'paper', or "
+                "{'unlabeled': False} to warp the labeled batch and the second "
+                "copy only), or set consistency_weight=0."
             )
         compile_options = self._compile_options(device)
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)

@@ -6,8 +6,8 @@ ones with probabilities given by a softmax over their dot products, then steps
 back. The *walker loss* rewards round trips that end in the class where they
 started; the *visit loss* rewards a walk that visits every unlabeled sample.
 Beyond the paper, the *consistency loss* asks the walk from an unlabeled
-sample back to the labeled classes to end alike for two random augmentations
-of that sample.
+sample back to the labeled classes to end alike for the sample and a random
+augmentation of it.
 """
 
 import torch
@@ -163,7 +163,8 @@ def walker_class_probabilities(p_ba, labels, n_classes):
     -------
     probabilities : torch.Tensor of shape (n_unlabeled, n_classes)
         Row ``j`` sums the transition probabilities of ``b[j]`` over the
-        labeled samples of every class.
+        labeled samples of every class; summed in float64, returned in the
+        dtype of ``p_ba``.
 
     Examples
     --------

@@ -252,6 +252,10 @@ class _AssociationStep:
             torch.channels_last if config.channels_last else torch.contiguous_format
         )
         self.augment, self.augment_unlabeled = None, False
+        if config.consistency_weight > 0 and config.augmentation is None:
+            # The estimator refuses this earlier, with advice; this guards
+            # direct use of the training loop.
+            raise ValueError("consistency_weight > 0 needs an augmentation.")
         if config.augmentation is not None:
             settings = dict(config.augmentation)
             self.augment_unlabeled = settings.pop("unlabeled")
@@ -333,7 +337,10 @@ class _AssociationStep:
         )
 
     def association_scale(self):
-        """Multiplier of the walker and visit losses: delayed, then ramped."""
+        """Multiplier of the walker, visit and consistency losses.
+
+        Zero until ``association_delay``, then ramped up (or switched on).
+        """
         config = self.config
         if config.association_ramp_steps > 0:
             ramp = (self.step_count - config.association_delay + 1) / (

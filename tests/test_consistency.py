@@ -44,6 +44,18 @@ def test_walker_class_probabilities_sum_each_class():
     assert (got[:, 3] == 0).all()
 
 
+def test_walker_class_probabilities_are_float64_sums_in_the_input_dtype():
+    # Summed over 500 labeled samples, float32 arithmetic would round the
+    # sums differently from float64 in the last bits of some of them.
+    rng = np.random.default_rng(2)
+    p_ba = torch.tensor(rng.dirichlet(np.ones(500), size=200), dtype=torch.float32)
+    labels = torch.as_tensor(rng.integers(0, 10, size=500))
+    got = walker_class_probabilities(p_ba, labels, 10)
+    assert got.dtype == torch.float32
+    expected = walker_class_probabilities(p_ba.double(), labels, 10).float()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_consistency_loss_is_the_cross_entropy_against_a_fixed_target():
     rng = np.random.default_rng(1)
     target = torch.tensor(rng.dirichlet(np.ones(4), size=6), requires_grad=True)
