@@ -1,4 +1,4 @@
-"""The consistency loss: two warps of an unlabeled image, one walk's classes."""
+"""The consistency loss: an unlabeled image and its warp, one walk's classes."""
 
 import numpy as np
 import pytest
