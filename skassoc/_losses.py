@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "association_matrices",
+    "backward_transitions",
     "walker_loss",
     "visit_loss",
     "walker_class_probabilities",
@@ -77,13 +78,44 @@ def association_matrices(a, b):
     MNIST fits took about 3 % longer; on GPUs with slow float64 arithmetic
     and unlabeled batches of thousands, the share can be larger.
     """
-    # Raise bf16/fp16 to float32, but keep float64 (do not downcast it).
-    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
-    match = (a.double() @ b.double().T).to(dtype)
+    match = _similarities(a, b)
     p_ab = torch.softmax(match, dim=1)
     p_ba = torch.softmax(match.T, dim=1)
-    p_aba = (p_ab.double() @ p_ba.double()).to(dtype)
+    p_aba = (p_ab.double() @ p_ba.double()).to(match.dtype)
     return p_ab, p_ba, p_aba
+
+
+def backward_transitions(a, b):
+    """``p_ba`` of :func:`association_matrices` alone, without the other two.
+
+    Parameters
+    ----------
+    a, b : torch.Tensor
+        The labeled and unlabeled embeddings, as for
+        :func:`association_matrices`.
+
+    Returns
+    -------
+    p_ba : torch.Tensor of shape (n_unlabeled, n_labeled)
+        Probability of stepping from ``b[j]`` to ``a[i]``, computed as in
+        :func:`association_matrices`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import association_matrices, backward_transitions
+    >>> a, b = torch.randn(4, 8), torch.randn(6, 8)
+    >>> torch.equal(backward_transitions(a, b), association_matrices(a, b)[1])
+    True
+    """
+    return torch.softmax(_similarities(a, b).T, dim=1)
+
+
+def _similarities(a, b):
+    """``a @ b.T`` computed in float64 and rounded to at least float32."""
+    # Raise bf16/fp16 to float32, but keep float64 (do not downcast it).
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    return (a.double() @ b.double().T).to(dtype)
 
 
 def walker_loss(p_aba, labels):

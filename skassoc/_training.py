@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from ._augmentation import ImageAugmentation
 from ._losses import (
     association_matrices,
+    backward_transitions,
     classification_loss,
     consistency_loss,
     visit_loss,
@@ -410,20 +411,18 @@ class _AssociationStep:
         visit = visit_loss(p_ab)
         logit = classification_loss(logits, labels)
         association = config.walker_weight * walker + config.visit_weight * visit
-        terms = [walker, visit, logit]
+        losses = [walker, visit, logit]
         if with_consistency:
             # Where the walk from the second view ends should match where the
             # walk from the first one ends (the target, held fixed).
             n_classes = logits.shape[1]
-            _, p_view, _ = association_matrices(
-                labeled_embeddings, embeddings[n_batch:]
-            )
+            p_view = backward_transitions(labeled_embeddings, embeddings[n_batch:])
             consistency = consistency_loss(
                 walker_class_probabilities(p_ba, labels, n_classes),
                 walker_class_probabilities(p_view, labels, n_classes),
             )
             association = association + config.consistency_weight * consistency
-            terms.append(consistency)
+            losses.append(consistency)
         total = self.association_scale() * association + config.logit_weight * logit
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -434,7 +433,7 @@ class _AssociationStep:
                     self.ema_params, self.params, 1.0 - self.config.ema_decay
                 )
 
-        terms = torch.stack([total, *terms]).detach()
+        terms = torch.stack([total, *losses]).detach()
         bad = (self.first_nonfinite_step < 0) & ~torch.isfinite(terms).all()
         self.first_nonfinite_step.copy_(
             torch.where(bad, self.step_count, self.first_nonfinite_step)

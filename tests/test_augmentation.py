@@ -169,6 +169,10 @@ def _all_digit_images():
     return (X * 15).astype(np.uint8).reshape(-1, 8, 8), y
 
 
+# Neither affine warp nor blur: each test below switches on one thing only.
+NO_WARP = {"affine_std": 0.0, "translate_std": 0.0, "blur_probability": 0.0}
+
+
 def _fit_on_digit_images(images, augmentation):
     X, y = images
     return SemiSupervisedAssociationClassifier(
@@ -187,13 +191,7 @@ def test_the_network_learns_from_the_augmented_images(
     # digits, the model must recognise inverted digits far better than the
     # originals it never saw.
     clf = _fit_on_digit_images(
-        bright_digit_images,
-        {
-            "affine_std": 0.0,
-            "translate_std": 0.0,
-            "blur_probability": 0.0,
-            "invert_probability": 1.0,
-        },
+        bright_digit_images, {**NO_WARP, "invert_probability": 1.0}
     )
     X_all, y_all = _all_digit_images()
     on_inverted = clf.score(255 - X_all, y_all)
@@ -209,14 +207,7 @@ def test_fit_with_elastic_labeled_augmentation(
     # too large bring the score near 0.2.
     clf = _fit_on_digit_images(
         bright_digit_images,
-        {
-            "affine_std": 0.0,
-            "translate_std": 0.0,
-            "blur_probability": 0.0,
-            "elastic_alpha": 3.0,
-            "elastic_sigma": 1.0,
-            "unlabeled": False,
-        },
+        {**NO_WARP, "elastic_alpha": 3.0, "elastic_sigma": 1.0, "unlabeled": False},
     )
     assert np.isfinite(clf.history_["total"]).all()
     assert clf.score(*_all_digit_images()) > 0.75
