@@ -33,7 +33,11 @@ class DeviceBatches:
         self.labels = sampler.labels
 
     def prefetch(self):
-        """Nothing to do: the batch is drawn inside the step."""
+        """Deal the next unlabeled batch when it comes in shuffled passes.
+
+        Otherwise nothing to do: the batch is drawn inside the step.
+        """
+        self.sampler.advance()
 
     def batch(self):
         """The labeled batch followed by the unlabeled batch, as float32."""
@@ -53,6 +57,8 @@ class HostBatches:
         the indices on the host with torch's default CPU generator.
     device : torch.device
         The training device, which holds only one batch.
+    unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
+        As for :class:`~skassoc._sampling.AssociationBatchSampler`.
 
     Notes
     -----
@@ -74,6 +80,7 @@ class HostBatches:
         labeled_per_class,
         unlabeled_batch_size,
         device,
+        unlabeled_sampling="replacement",
     ):
         self.sampler = AssociationBatchSampler(
             class_indices,
@@ -81,6 +88,7 @@ class HostBatches:
             labeled_per_class,
             unlabeled_batch_size,
             "cpu",
+            unlabeled_sampling,
         )
         self.inputs = as_tensor(inputs)
         self.device = torch.device(device)
@@ -104,6 +112,7 @@ class HostBatches:
 
     def prefetch(self):
         """Draw the next batch and start moving it to the device buffer."""
+        self.sampler.advance()
         labeled, unlabeled = self.sampler.sample()
         indices = torch.cat([labeled, unlabeled.sort().values])
         turn = self._turn

@@ -38,7 +38,7 @@ from ._networks import (
     place_model,
 )
 from ._persistence import load_model, save_model
-from ._sampling import AssociationBatchSampler
+from ._sampling import UNLABELED_SAMPLINGS, AssociationBatchSampler
 from ._training import (
     TrainingConfig,
     autocast_context,
@@ -132,6 +132,15 @@ class SemiSupervisedAssociationClassifier(
         labeled samples is drawn with replacement (with a warning).
     unlabeled_batch_size : int, default=100
         Size of the unlabeled batch of every step.
+    unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
+        How the unlabeled batch is drawn from the unlabeled samples.
+        ``"replacement"``: uniformly with replacement, each step on its own
+        (on the GPU without the host). ``"epochs"``: shuffled passes, as the
+        paper's authors drew it: every unlabeled sample is drawn once per
+        pass of ``n_unlabeled / unlabeled_batch_size`` steps, and a batch may
+        straddle two passes; the host deals each step's indices (one small
+        copy a step, one shuffle a pass). The recipes were measured with
+        ``"replacement"``.
     max_iter : int or "auto", default="auto"
         Number of training steps. ``"auto"``: 20,000 on a GPU (the paper),
         2,000 on a CPU.
@@ -321,6 +330,7 @@ class SemiSupervisedAssociationClassifier(
         "hidden_layer_sizes": [tuple, list],
         "labeled_per_class": [Interval(Integral, 1, None, closed="left")],
         "unlabeled_batch_size": [Interval(Integral, 1, None, closed="left")],
+        "unlabeled_sampling": [StrOptions(set(UNLABELED_SAMPLINGS))],
         "max_iter": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
         "lr_decay": [Interval(Real, 0, 1, closed="right")],
@@ -362,6 +372,7 @@ class SemiSupervisedAssociationClassifier(
         hidden_layer_sizes=(256, 256),
         labeled_per_class=10,
         unlabeled_batch_size=100,
+        unlabeled_sampling="replacement",
         max_iter="auto",
         learning_rate=1e-3,
         lr_decay=0.33,
@@ -393,6 +404,7 @@ class SemiSupervisedAssociationClassifier(
         self.hidden_layer_sizes = hidden_layer_sizes
         self.labeled_per_class = labeled_per_class
         self.unlabeled_batch_size = unlabeled_batch_size
+        self.unlabeled_sampling = unlabeled_sampling
         self.max_iter = max_iter
         self.learning_rate = learning_rate
         self.lr_decay = lr_decay
@@ -836,6 +848,7 @@ class SemiSupervisedAssociationClassifier(
                 self.labeled_per_class,
                 self.unlabeled_batch_size,
                 device,
+                self.unlabeled_sampling,
             )
         sampler = AssociationBatchSampler(
             class_indices,
@@ -843,6 +856,7 @@ class SemiSupervisedAssociationClassifier(
             self.labeled_per_class,
             self.unlabeled_batch_size,
             device,
+            self.unlabeled_sampling,
         )
         return DeviceBatches(as_tensor(data).to(device), sampler)
 

@@ -1,8 +1,11 @@
 """Batch sampling for association training, on the training device.
 
-Every draw has a fixed shape and uses only device random numbers, so a whole
-training step (sampling included) can be captured as one CUDA graph and no
-index ever travels between host and device.
+Every draw has a fixed shape and reads only device tensors, so a whole
+training step (sampling included) can be captured as one CUDA graph. Drawn
+with replacement, the unlabeled batch uses device random numbers only; drawn
+in shuffled passes, its indices are dealt into a device buffer by the host
+before each step (:meth:`AssociationBatchSampler.advance`), which costs one
+small device copy a step and one shuffle a pass.
 """
 
 import warnings
@@ -11,7 +14,10 @@ import torch
 
 from ._validation import user_stacklevel
 
-__all__ = ["AssociationBatchSampler"]
+__all__ = ["AssociationBatchSampler", "UNLABELED_SAMPLINGS"]
+
+#: How the unlabeled batch can be drawn (see AssociationBatchSampler).
+UNLABELED_SAMPLINGS = ("replacement", "epochs")
 
 
 class AssociationBatchSampler:
@@ -32,14 +38,28 @@ class AssociationBatchSampler:
         Size of the unlabeled batch.
     device : torch.device
         Device the indices live on and the draws happen on.
+    unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
+        How the unlabeled batch is drawn. ``"replacement"``: uniformly with
+        replacement, every step independently. ``"epochs"``: the pool is
+        shuffled and dealt out in order, pass after pass, so that every
+        sample is drawn once per pass; a batch may straddle two passes (and
+        a pool smaller than the batch is dealt out several times in one
+        batch). This is what the authors' input queue does, and what a
+        :class:`torch.utils.data.DataLoader` with ``shuffle=True`` does
+        within a pass. Call :meth:`advance` before every :meth:`sample`.
 
     Notes
     -----
     A class with at least ``labeled_per_class`` samples contributes a random
     subset drawn without replacement (with exactly that many samples every
     batch holds all of them, as in the paper); a smaller class is drawn with
-    replacement, and the constructor warns once. The unlabeled batch is drawn
-    uniformly with replacement, which keeps its shape fixed for any pool size.
+    replacement, and the constructor warns once. Either way of drawing the
+    unlabeled batch keeps its shape fixed for any pool size.
+
+    The shuffles of ``"epochs"`` are drawn on the host with torch's CPU
+    generator (seeded by a fit like the device's), so they never touch the
+    CUDA generator that captured graphs hold, and each pass's order is copied
+    to the device once.
     """
 
     def __init__(
@@ -49,7 +69,13 @@ class AssociationBatchSampler:
         labeled_per_class,
         unlabeled_batch_size,
         device,
+        unlabeled_sampling="replacement",
     ):
+        if unlabeled_sampling not in UNLABELED_SAMPLINGS:
+            raise ValueError(
+                f"unlabeled_sampling must be one of {UNLABELED_SAMPLINGS}, "
+                f"got {unlabeled_sampling!r}."
+            )
         counts = torch.tensor([len(idx) for idx in class_indices])
         n_small = int((counts < labeled_per_class).sum())
         if n_small:
@@ -75,10 +101,45 @@ class AssociationBatchSampler:
         self._counts = counts.to(self.device)
         self._padding = (torch.arange(width) >= counts[:, None]).to(self.device)
         self._with_replacement = (counts < labeled_per_class).to(self.device)
+        self.unlabeled_sampling = unlabeled_sampling
         self._unlabeled = unlabeled_indices.to(self.device)
+        if unlabeled_sampling == "epochs":
+            self._unlabeled_on_host = unlabeled_indices.cpu()
+            # The current pass (training indices in dealing order), the next
+            # position in it, and the batch that sample() hands out: fixed
+            # buffers, so that a captured graph reads each step's batch.
+            self._pass_order = torch.empty_like(self._unlabeled)
+            self._pass_position = len(self._unlabeled)
+            self._unlabeled_batch = torch.zeros(
+                unlabeled_batch_size, dtype=torch.long, device=self.device
+            )
         self.labels = torch.arange(n_classes, device=self.device).repeat_interleave(
             labeled_per_class
         )
+
+    def advance(self):
+        """Deal the next unlabeled batch of a pass (host work, before a step).
+
+        Does nothing when the unlabeled batch is drawn with replacement. Must
+        run outside a captured graph: it shuffles a new pass on the host when
+        the current one runs out.
+        """
+        if self.unlabeled_sampling != "epochs":
+            return
+        n_pool, size = len(self._unlabeled), self.unlabeled_batch_size
+        dealt = 0
+        while dealt < size:
+            if self._pass_position == n_pool:
+                order = self._unlabeled_on_host[torch.randperm(n_pool)]
+                self._pass_order.copy_(order)
+                self._pass_position = 0
+            take = min(size - dealt, n_pool - self._pass_position)
+            start = self._pass_position
+            self._unlabeled_batch[dealt : dealt + take].copy_(
+                self._pass_order[start : start + take]
+            )
+            self._pass_position += take
+            dealt += take
 
     def sample(self):
         """Draw one pair of batches.
@@ -89,7 +150,8 @@ class AssociationBatchSampler:
             Training indices of the labeled batch, grouped by class; their
             classes are :attr:`labels`.
         unlabeled : torch.Tensor of shape (unlabeled_batch_size,)
-            Training indices of the unlabeled batch.
+            Training indices of the unlabeled batch. In shuffled passes,
+            that of the last :meth:`advance` (the same buffer every call).
         """
         n_classes, width = self._table.shape
         k = self.labeled_per_class
@@ -109,6 +171,8 @@ class AssociationBatchSampler:
         repeated = torch.minimum(repeated, self._counts[:, None] - 1)
         positions = torch.where(self._with_replacement[:, None], repeated, positions)
         labeled = self._table.gather(1, positions).reshape(-1)
+        if self.unlabeled_sampling == "epochs":
+            return labeled, self._unlabeled_batch
         draw = torch.randint(
             len(self._unlabeled), (self.unlabeled_batch_size,), device=self.device
         )

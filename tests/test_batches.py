@@ -10,6 +10,7 @@ import torch
 
 import skassoc._batches
 import skassoc._classifier
+import skassoc._sampling
 import skassoc._training
 from skassoc import SemiSupervisedAssociationClassifier
 
@@ -236,3 +237,36 @@ def test_networks_with_batch_norm_are_never_chunked(
     clf = make_clf(fast_params, network=network).fit(X, y)
     assert spy.calls == 0
     assert clf.n_iter_ == fast_params["max_iter"]
+
+
+@pytest.mark.parametrize("storage", ["array", "memory_map"])
+def test_fit_deals_unlabeled_samples_in_passes(
+    digits_images, tmp_path, monkeypatch, storage
+):
+    X, y = digits_images
+    X, y = X[:120], y[:120]
+    y_semi = np.where(np.arange(len(y)) % 3 == 0, y, -1)
+    pool = set(np.flatnonzero(y_semi == -1).tolist())  # 80 images
+    if storage == "memory_map":
+        X = write_memmap(tmp_path / "X.npy", X)
+    dealt = []
+    sample = skassoc._sampling.AssociationBatchSampler.sample
+
+    def recording_sample(sampler):
+        labeled, unlabeled = sample(sampler)
+        dealt.append(unlabeled.tolist())
+        return labeled, unlabeled
+
+    monkeypatch.setattr(
+        skassoc._sampling.AssociationBatchSampler, "sample", recording_sample
+    )
+    params = {**SMALL_IMAGE_FIT, "network": "mnist", "unlabeled_batch_size": 30}
+    clf = SemiSupervisedAssociationClassifier(
+        **params, max_iter=16, unlabeled_sampling="epochs"
+    ).fit(X, y_semi)
+    assert clf.n_iter_ == 16
+    stream = np.concatenate(dealt)
+    assert len(stream) == 16 * 30
+    # Six passes of 80 in 16 steps of 30, the batches straddling passes.
+    for one_pass in stream.reshape(6, 80):
+        assert set(one_pass.tolist()) == pool

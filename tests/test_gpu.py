@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV
 
 from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._sampling import AssociationBatchSampler
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"
@@ -45,6 +46,34 @@ def test_cuda_graph_trains_like_the_eager_loop(digit_images):
     assert abs(graph.score(X, y) - eager.score(X, y)) < 0.05
     assert graph.score(X, y) > 0.8
     assert len(graph.history_["step"]) == len(eager.history_["step"])
+
+
+def test_epoch_dealing_reaches_the_captured_graph():
+    # The host deals each step's unlabeled indices into a buffer that the
+    # graph reads on every replay: replays must see every batch of a pass.
+    classes = [torch.arange(0, 4), torch.arange(4, 8)]
+    pool = torch.arange(8, 38)
+    sampler = AssociationBatchSampler(classes, pool, 2, 7, "cuda", "epochs")
+    seen = torch.zeros(7, dtype=torch.long, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        seen.copy_(sampler.sample()[1])
+    dealt = []
+    for _ in range(30):  # seven passes of 30 in batches of 7
+        sampler.advance()
+        graph.replay()
+        dealt.append(seen.clone())
+    for one_pass in torch.cat(dealt).cpu().reshape(7, 30):
+        assert sorted(one_pass.tolist()) == pool.tolist()
+
+
+def test_epochs_in_the_graph_train_like_the_eager_loop(digit_images):
+    X, y, y_semi = digit_images
+    params = dict(unlabeled_sampling="epochs", precision="fp32")
+    graph = fit(X, y_semi, cuda_graph=True, **params)
+    eager = fit(X, y_semi, cuda_graph=False, **params)
+    assert abs(graph.score(X, y) - eager.score(X, y)) < 0.05
+    assert graph.score(X, y) > 0.8
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])

@@ -178,3 +178,82 @@ def test_seeding_makes_draws_reproducible():
     assert not all(torch.equal(x, y) for x, y in zip(first, other))
     # Successive draws differ.
     assert not torch.equal(first[0], first[1])
+
+
+def make_epoch_sampler(n_pool, batch, seed=0):
+    classes, pool = make_split([4, 4], n_pool, seed)
+    sampler = AssociationBatchSampler(
+        classes, pool, 2, batch, "cpu", unlabeled_sampling="epochs"
+    )
+    return sampler, pool
+
+
+def deal(sampler, n_batches):
+    """The unlabeled batches of ``n_batches`` steps, one after the other."""
+    batches = []
+    for _ in range(n_batches):
+        sampler.advance()
+        labeled, unlabeled = sampler.sample()
+        assert labeled.shape == (4,)
+        batches.append(unlabeled.clone())
+    return torch.cat(batches)
+
+
+@pytest.mark.parametrize(
+    "n_pool, batch",
+    # Passes of whole batches; batches that straddle two passes; a pool
+    # smaller than the batch; a pool of one.
+    [(30, 10), (30, 7), (5, 12), (1, 3)],
+)
+def test_epochs_draw_every_unlabeled_sample_once_per_pass(n_pool, batch):
+    torch.manual_seed(7)
+    sampler, pool = make_epoch_sampler(n_pool, batch)
+    n_passes = 12
+    n_batches = -(-n_passes * n_pool // batch)
+    stream = deal(sampler, n_batches)
+    assert stream.shape == (n_batches * batch,)
+    assert stream.dtype == torch.long
+    passes = stream[: n_passes * n_pool].reshape(n_passes, n_pool)
+    for one_pass in passes:
+        assert sorted(one_pass.tolist()) == sorted(pool.tolist())
+    if n_pool > 1:
+        # Every pass is shuffled anew.
+        assert len({tuple(one_pass.tolist()) for one_pass in passes}) > 1
+
+
+def test_replacement_draws_repeat_within_a_pass():
+    # The contrast to the test above: independent draws repeat samples long
+    # before every sample has come once.
+    torch.manual_seed(8)
+    sampler, _, pool = make_sampler([4, 4], 2, n_pool=30, batch=10)
+    sampler.advance()  # a no-op when drawing with replacement
+    first_pass = torch.cat([sampler.sample()[1] for _ in range(3)])
+    assert len(set(first_pass.tolist())) < len(pool)
+
+
+def test_epoch_shuffles_are_uniform():
+    torch.manual_seed(9)
+    n_pool, n_passes = 5, 2000
+    sampler, pool = make_epoch_sampler(n_pool, batch=n_pool)
+    passes = deal(sampler, n_passes).reshape(n_passes, n_pool)
+    # Where each sample lands in its pass: every position equally often.
+    for index in pool.tolist():
+        positions = (passes == index).nonzero()[:, 1]
+        counts = torch.bincount(positions, minlength=n_pool)
+        assert chi_square_p(counts.tolist()) > 1e-4
+
+
+def test_epoch_shuffles_follow_the_seed():
+    def stream(seed):
+        torch.manual_seed(seed)
+        fresh, _ = make_epoch_sampler(30, 7)
+        return deal(fresh, 20)
+
+    assert torch.equal(stream(11), stream(11))
+    assert not torch.equal(stream(11), stream(12))
+
+
+def test_unknown_unlabeled_sampling_is_refused():
+    classes, pool = make_split([3, 3], 6)
+    with pytest.raises(ValueError, match="unlabeled_sampling must be one of"):
+        AssociationBatchSampler(classes, pool, 2, 4, "cpu", "shuffle")
