@@ -193,6 +193,9 @@ ABLATIONS = {
     "+augmentation+ema": {"augmentation": "paper", "ema_decay": 0.999},
     "bf16": {"precision": "bf16"},
     "fp32": {"precision": "fp32"},
+    # The unlabeled batch dealt from shuffled passes over the unlabeled
+    # images, as the authors' input queue does, not drawn with replacement.
+    "unlabeled in epochs": {"unlabeled_sampling": "epochs"},
     "+labeled augmentation": {"augmentation": LABELED_AUGMENTATION},
     "+mild augmentation": {"augmentation": MILD_AUGMENTATION},
     "+mild labeled augmentation": {"augmentation": MILD_LABELED_AUGMENTATION},
