@@ -421,8 +421,11 @@ PART_NOTES = {
     "is the fair comparison. The column 'better than \"paper\"' counts "
     "those later draws on which the recipe's error is below that of recipe "
     "'paper' with the same labels (ties count as not better).",
-    "ablations": "Each row: recipe 'paper' plus the overrides shown; 'paper' "
-    "is the same draws without overrides.",
+    "ablations": "Each row: recipe 'paper' plus the overrides shown, on label "
+    "draws 0 to Runs - 1; the row 'paper' has the draws of the longest row. "
+    "'\"paper\", same draws' is the median of recipe 'paper' on the row's own "
+    "draws, and 'Draws below \"paper\"' counts those on which the row's error "
+    "is below it (ties count as not below).",
     "checkpoints": "Recipe 'paper', 100 labels, the test error measured every "
     f"{CHECKPOINT_INTERVAL} steps and after the last. 'Lowest' is each run's "
     "minimum over these evaluations, picked on the test set: the paper's "
@@ -1032,6 +1035,42 @@ def recipe_cells(rows, runs):
     return cells
 
 
+ABLATION_HEADER = [
+    *TABLE_HEADER[:_RECIPE_COLUMNS_AT],
+    '"paper", same draws',
+    'Draws below "paper"',
+    *TABLE_HEADER[_RECIPE_COLUMNS_AT:],
+]
+
+
+def ablation_cells(rows, runs):
+    """Cells of the "ablations" part: the common columns, and each row set
+    against recipe "paper" on the row's own draws (same labels, same seed):
+    the median of "paper" there, and on how many of them the row's error is
+    below that of "paper". Rows have different numbers of draws, so the
+    "paper" row's own median is not the one to compare a row with."""
+    cells = table_cells(rows, runs)
+    paper = {
+        r["draw"]: r["test_error_percent"]
+        for row in rows
+        if row.get("setting") == "paper"
+        for r in finished_runs(row, runs)
+    }
+    for row, row_cells in zip(rows, cells, strict=True):
+        errors = {r["draw"]: r["test_error_percent"] for r in finished_runs(row, runs)}
+        paired = [d for d in errors if d in paper]
+        is_paper = row.get("setting") == "paper"
+        row_cells[_RECIPE_COLUMNS_AT:_RECIPE_COLUMNS_AT] = (
+            ["", ""]
+            if is_paper or not paired
+            else [
+                median_cell([paper[d] for d in paired]),
+                f"{sum(errors[d] < paper[d] for d in paired)}/{len(paired)}",
+            ]
+        )
+    return cells
+
+
 CHECKPOINT_HEADER = [
     "Setting",
     "Labels",
@@ -1190,6 +1229,8 @@ def render(results):
         else:
             if part == "recipes":
                 header, cells = RECIPE_HEADER, recipe_cells(part_rows, runs)
+            elif part == "ablations":
+                header, cells = ABLATION_HEADER, ablation_cells(part_rows, runs)
             else:
                 header, cells = TABLE_HEADER, table_cells(part_rows, runs)
             note = PART_NOTES[part] + " Last checkpoint, never best-on-test."

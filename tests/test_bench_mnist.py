@@ -298,3 +298,35 @@ def test_median_interval_is_the_binomial_order_statistics(bench_mnist):
     assert bench_mnist.median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0)
     assert bench_mnist.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
     assert bench_mnist.interval_cell([1.0, 2.0, 3.0, 4.0, 5.0]) == "n/a"
+
+
+def test_ablations_table_sets_each_row_against_paper_on_its_own_draws(bench_mnist):
+    # "paper" ran on four draws, the ablation on the first two only: its
+    # comparison uses those two (median 0.85), not all four (0.95).
+    runs, rows = {}, []
+    for setting, errors in (("paper", [0.9, 0.8, 1.0, 1.1]), ("+ema", [0.7, 0.8])):
+        keys = [f"ablations/{setting}/100/{d}" for d in range(len(errors))]
+        for d, (key, e) in enumerate(zip(keys, errors, strict=True)):
+            runs[key] = {**_run(key, key, e, "2026-01-01 00:00:00 +0000"), "draw": d}
+        rows.append(
+            {
+                "title": setting,
+                "setting": setting,
+                "labels": "100",
+                "paper": None,
+                "keys": keys,
+                "signatures": keys,
+                "draws": len(keys),
+            }
+        )
+    header = bench_mnist.ABLATION_HEADER
+    paper_cells, ema_cells = bench_mnist.ablation_cells(rows, runs)
+    assert len(ema_cells) == len(header)
+    by_column = dict(zip(header, ema_cells, strict=True))
+    assert by_column['"paper", same draws'] == "0.85"
+    # Below on draw 0, tied on draw 1 (a tie is not below).
+    assert by_column['Draws below "paper"'] == "1/2"
+    assert by_column["Error % (median)"] == "0.75"
+    paper_by_column = dict(zip(header, paper_cells, strict=True))
+    assert paper_by_column['"paper", same draws'] == ""
+    assert paper_by_column["Error % (median)"] == "0.95"
