@@ -52,11 +52,12 @@ RECIPES = {
     # the labeled classes is trained toward that of the unwarped batch.
     # Chosen on MNIST label draws 0-9, where its median test error is 0.575%
     # with 100 labels and 0.405% with 1000 (bench_mnist.py).
-    # On draws 10-35, which played no part in the choice: 0.565% with 100
-    # labels, against 0.76% for "improved" (better on 22 of these 26 draws).
-    # Each step embeds 300 images instead of 200 (40 s a fit on an H100
-    # against 30 s). It fails on 6 of those 36 draws (above 1.5%), giving
-    # the crossbar 7s to another class as "improved" does on 4 of them.
+    # On draws 10-39, which played no part in the choice: 0.57% with 100
+    # labels and 0.475% with 1000, against 0.76% and 0.53% for "improved"
+    # (better on 25 and 24 of these 30 draws). Each step embeds 300 images
+    # instead of 200 (40 s a fit on an H100 against 30 s). It fails on 7 of
+    # 40 draws with 100 labels (above 1.5%), giving the crossbar 7s to
+    # another class as "improved" does on 4.
     "consistency": {**_IMPROVED, "consistency_weight": 1.0},
     # Domain adaptation as in the authors' code (SVHN -> MNIST):
     # the SVHN network on 32x32 colour inputs, 10 labeled source samples per
