@@ -33,7 +33,7 @@ class DeviceBatches:
         self.labels = sampler.labels
 
     def prefetch(self):
-        """Deal the next unlabeled batch when it comes in shuffled passes.
+        """Deal the next unlabeled batch when it comes in shuffled epochs.
 
         Otherwise nothing to do: the batch is drawn inside the step.
         """

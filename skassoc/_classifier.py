@@ -135,11 +135,13 @@ class SemiSupervisedAssociationClassifier(
     unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
         How the unlabeled batch is drawn from the unlabeled samples.
         ``"replacement"``: uniformly with replacement, each step on its own
-        (on the GPU without the host). ``"epochs"``: shuffled passes, as the
-        paper's authors drew it: every unlabeled sample is drawn once per
-        pass of ``n_unlabeled / unlabeled_batch_size`` steps, and a batch may
-        straddle two passes; the host deals each step's indices (one small
-        copy a step, one shuffle a pass). The recipes were measured with
+        (on the GPU without the host). ``"epochs"``: shuffled epochs, as the
+        paper's code draws it (whose pool also holds the labeled images):
+        every unlabeled sample is drawn once per epoch of
+        ``n_unlabeled / unlabeled_batch_size`` steps, and a batch may
+        straddle two epochs; the host deals each step's indices (one small
+        copy a step, one shuffle an epoch). Every fit, a warm-started one
+        too, starts a new epoch. The recipes were measured with
         ``"replacement"``.
     max_iter : int or "auto", default="auto"
         Number of training steps. ``"auto"``: 20,000 on a GPU (the paper),

@@ -3,9 +3,10 @@
 Every draw has a fixed shape and reads only device tensors, so a whole
 training step (sampling included) can be captured as one CUDA graph. Drawn
 with replacement, the unlabeled batch uses device random numbers only; drawn
-in shuffled passes, its indices are dealt into a device buffer by the host
+in shuffled epochs, its indices are dealt into a device buffer by the host
 before each step (:meth:`AssociationBatchSampler.advance`), which costs one
-small device copy a step and one shuffle a pass.
+small device copy a step and, once an epoch, a shuffle on the host and a
+copy of it.
 """
 
 import warnings
@@ -41,12 +42,15 @@ class AssociationBatchSampler:
     unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
         How the unlabeled batch is drawn. ``"replacement"``: uniformly with
         replacement, every step independently. ``"epochs"``: the pool is
-        shuffled and dealt out in order, pass after pass, so that every
-        sample is drawn once per pass; a batch may straddle two passes (and
+        shuffled and dealt out in order, epoch after epoch (an epoch is one
+        pass over the pool), so that every sample is drawn once per epoch; a
+        batch may straddle two epochs (and
         a pool smaller than the batch is dealt out several times in one
         batch). This is what the authors' input queue does, and what a
         :class:`torch.utils.data.DataLoader` with ``shuffle=True`` does
-        within a pass. Call :meth:`advance` before every :meth:`sample`.
+        within an epoch. Call :meth:`advance` before every :meth:`sample`:
+        :meth:`sample` hands out the batch of the last :meth:`advance`
+        (zeros before the first). A new sampler starts a new epoch.
 
     Notes
     -----
@@ -56,10 +60,14 @@ class AssociationBatchSampler:
     replacement, and the constructor warns once. Either way of drawing the
     unlabeled batch keeps its shape fixed for any pool size.
 
-    The shuffles of ``"epochs"`` are drawn on the host with torch's CPU
-    generator (seeded by a fit like the device's), so they never touch the
-    CUDA generator that captured graphs hold, and each pass's order is copied
-    to the device once.
+    The shuffles of ``"epochs"`` are drawn on the host by a CPU generator of
+    the sampler's own, seeded at construction from torch's CPU generator
+    (which a fit seeds): they never touch the CUDA generator that captured
+    graphs hold, and fits in other threads, which reseed the global
+    generators, cannot change them. Each epoch's order is copied to the
+    device once; the host waits for the device there, which costs little
+    when an epoch holds many batches (with a pool smaller than the batch, it
+    happens several times a step).
     """
 
     def __init__(
@@ -105,11 +113,13 @@ class AssociationBatchSampler:
         self._unlabeled = unlabeled_indices.to(self.device)
         if unlabeled_sampling == "epochs":
             self._unlabeled_on_host = unlabeled_indices.cpu()
-            # The current pass (training indices in dealing order), the next
+            seed = int(torch.randint(2**62, (), device="cpu"))
+            self._shuffles = torch.Generator(device="cpu").manual_seed(seed)
+            # The current epoch (training indices in dealing order), the next
             # position in it, and the batch that sample() hands out: fixed
             # buffers, so that a captured graph reads each step's batch.
-            self._pass_order = torch.empty_like(self._unlabeled)
-            self._pass_position = len(self._unlabeled)
+            self._epoch_order = torch.empty_like(self._unlabeled)
+            self._epoch_position = len(self._unlabeled)
             self._unlabeled_batch = torch.zeros(
                 unlabeled_batch_size, dtype=torch.long, device=self.device
             )
@@ -118,10 +128,10 @@ class AssociationBatchSampler:
         )
 
     def advance(self):
-        """Deal the next unlabeled batch of a pass (host work, before a step).
+        """Deal the next unlabeled batch of an epoch (host work, before a step).
 
         Does nothing when the unlabeled batch is drawn with replacement. Must
-        run outside a captured graph: it shuffles a new pass on the host when
+        run outside a captured graph: it shuffles a new epoch on the host when
         the current one runs out.
         """
         if self.unlabeled_sampling != "epochs":
@@ -129,16 +139,18 @@ class AssociationBatchSampler:
         n_pool, size = len(self._unlabeled), self.unlabeled_batch_size
         dealt = 0
         while dealt < size:
-            if self._pass_position == n_pool:
-                order = self._unlabeled_on_host[torch.randperm(n_pool)]
-                self._pass_order.copy_(order)
-                self._pass_position = 0
-            take = min(size - dealt, n_pool - self._pass_position)
-            start = self._pass_position
+            if self._epoch_position == n_pool:
+                shuffle = torch.randperm(n_pool, generator=self._shuffles, device="cpu")
+                # A copy from pageable memory: the host waits for the steps
+                # queued before it, once an epoch.
+                self._epoch_order.copy_(self._unlabeled_on_host[shuffle])
+                self._epoch_position = 0
+            take = min(size - dealt, n_pool - self._epoch_position)
+            start = self._epoch_position
             self._unlabeled_batch[dealt : dealt + take].copy_(
-                self._pass_order[start : start + take]
+                self._epoch_order[start : start + take]
             )
-            self._pass_position += take
+            self._epoch_position += take
             dealt += take
 
     def sample(self):
@@ -150,7 +162,7 @@ class AssociationBatchSampler:
             Training indices of the labeled batch, grouped by class; their
             classes are :attr:`labels`.
         unlabeled : torch.Tensor of shape (unlabeled_batch_size,)
-            Training indices of the unlabeled batch. In shuffled passes,
+            Training indices of the unlabeled batch. In shuffled epochs,
             that of the last :meth:`advance` (the same buffer every call).
         """
         n_classes, width = self._table.shape

@@ -257,3 +257,18 @@ def test_unknown_unlabeled_sampling_is_refused():
     classes, pool = make_split([3, 3], 6)
     with pytest.raises(ValueError, match="unlabeled_sampling must be one of"):
         AssociationBatchSampler(classes, pool, 2, 4, "cpu", "shuffle")
+
+
+def test_epoch_shuffles_ignore_later_reseeding():
+    # Fits in other threads reseed torch's global generators; a sampler's
+    # shuffles depend only on the seed in force when it was built.
+    torch.manual_seed(13)
+    undisturbed = deal(make_epoch_sampler(30, 7)[0], 20)
+    torch.manual_seed(13)
+    sampler, _ = make_epoch_sampler(30, 7)
+    batches = []
+    for _ in range(20):
+        torch.manual_seed(999)
+        sampler.advance()
+        batches.append(sampler.sample()[1].clone())
+    assert torch.equal(torch.cat(batches), undisturbed)
