@@ -1051,13 +1051,16 @@ def ablation_cells(rows, runs):
     "paper" row's own median is not the one to compare a row with."""
     cells = table_cells(rows, runs)
     paper = {
-        r["draw"]: r["test_error_percent"]
+        (row["labels"], r["draw"]): r["test_error_percent"]
         for row in rows
         if row.get("setting") == "paper"
         for r in finished_runs(row, runs)
     }
     for row, row_cells in zip(rows, cells, strict=True):
-        errors = {r["draw"]: r["test_error_percent"] for r in finished_runs(row, runs)}
+        errors = {
+            (row["labels"], r["draw"]): r["test_error_percent"]
+            for r in finished_runs(row, runs)
+        }
         paired = [d for d in errors if d in paper]
         is_paper = row.get("setting") == "paper"
         row_cells[_RECIPE_COLUMNS_AT:_RECIPE_COLUMNS_AT] = (
