@@ -193,7 +193,7 @@ ABLATIONS = {
     "+augmentation+ema": {"augmentation": "paper", "ema_decay": 0.999},
     "bf16": {"precision": "bf16"},
     "fp32": {"precision": "fp32"},
-    # The unlabeled batch dealt from shuffled passes over the unlabeled
+    # The unlabeled batch dealt from shuffled epochs over the unlabeled
     # images, as the authors' input queue does, not drawn with replacement.
     "unlabeled in epochs": {"unlabeled_sampling": "epochs"},
     "+labeled augmentation": {"augmentation": LABELED_AUGMENTATION},

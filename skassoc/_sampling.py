@@ -44,13 +44,13 @@ class AssociationBatchSampler:
         replacement, every step independently. ``"epochs"``: the pool is
         shuffled and dealt out in order, epoch after epoch (an epoch is one
         pass over the pool), so that every sample is drawn once per epoch; a
-        batch may straddle two epochs (and
-        a pool smaller than the batch is dealt out several times in one
-        batch). This is what the authors' input queue does, and what a
-        :class:`torch.utils.data.DataLoader` with ``shuffle=True`` does
-        within an epoch. Call :meth:`advance` before every :meth:`sample`:
-        :meth:`sample` hands out the batch of the last :meth:`advance`
-        (zeros before the first). A new sampler starts a new epoch.
+        batch may straddle two epochs (and a pool smaller than the batch is
+        dealt out several times in one batch). This is what the authors'
+        input queue does, and what a :class:`torch.utils.data.DataLoader`
+        with ``shuffle=True`` does within an epoch. Call :meth:`advance`
+        before every :meth:`sample`: :meth:`sample` hands out the batch of
+        the last :meth:`advance` (zeros before the first). A new sampler
+        starts a new epoch.
 
     Notes
     -----
