@@ -989,14 +989,29 @@ def table_cells(rows, runs):
     return cells
 
 
-#: Where the recipes table's own columns go: before the paper's figure.
-_RECIPE_COLUMNS_AT = TABLE_HEADER.index("Paper")
+def errors_by_draw(row, runs):
+    """Test error of each finished run of a row, by label draw."""
+    return {r["draw"]: r["test_error_percent"] for r in finished_runs(row, runs)}
+
+
+def paper_errors_by_labels(rows, runs):
+    """``errors_by_draw`` of the rows of recipe "paper", by number of labels."""
+    return {
+        row["labels"]: errors_by_draw(row, runs)
+        for row in rows
+        if row.get("setting") == "paper"
+    }
+
+
+#: Where the recipes and ablations tables put their own columns: before the
+#: paper's figure.
+_OWN_COLUMNS_AT = TABLE_HEADER.index("Paper")
 RECIPE_HEADER = [
-    *TABLE_HEADER[:_RECIPE_COLUMNS_AT],
+    *TABLE_HEADER[:_OWN_COLUMNS_AT],
     f"Median, draws 0-{SELECTION_DRAWS - 1}",
     f"Median, draws {SELECTION_DRAWS}+",
     f'Draws {SELECTION_DRAWS}+ better than "paper"',
-    *TABLE_HEADER[_RECIPE_COLUMNS_AT:],
+    *TABLE_HEADER[_OWN_COLUMNS_AT:],
 ]
 
 
@@ -1007,23 +1022,15 @@ def recipe_cells(rows, runs):
     draw): the paired comparison, which the spread of label draws blurs
     less than two medians."""
     cells = table_cells(rows, runs)
-
-    def errors_by_draw(row):
-        return {r["draw"]: r["test_error_percent"] for r in finished_runs(row, runs)}
-
-    paper_errors = {
-        row["labels"]: errors_by_draw(row)
-        for row in rows
-        if row.get("setting") == "paper"
-    }
+    paper_errors = paper_errors_by_labels(rows, runs)
     for row, row_cells in zip(rows, cells, strict=True):
-        errors = errors_by_draw(row)
+        errors = errors_by_draw(row, runs)
         chosen_on = [e for draw, e in errors.items() if draw < SELECTION_DRAWS]
         later = {d: e for d, e in errors.items() if d >= SELECTION_DRAWS}
         paper = paper_errors.get(row["labels"], {})
         paired = [d for d in later if d in paper]
         wins = sum(later[d] < paper[d] for d in paired)
-        row_cells[_RECIPE_COLUMNS_AT:_RECIPE_COLUMNS_AT] = [
+        row_cells[_OWN_COLUMNS_AT:_OWN_COLUMNS_AT] = [
             median_cell(chosen_on) if later else "",
             median_cell(list(later.values())) if later else "",
             (
@@ -1036,10 +1043,10 @@ def recipe_cells(rows, runs):
 
 
 ABLATION_HEADER = [
-    *TABLE_HEADER[:_RECIPE_COLUMNS_AT],
+    *TABLE_HEADER[:_OWN_COLUMNS_AT],
     '"paper", same draws',
     'Draws below "paper"',
-    *TABLE_HEADER[_RECIPE_COLUMNS_AT:],
+    *TABLE_HEADER[_OWN_COLUMNS_AT:],
 ]
 
 
@@ -1050,20 +1057,13 @@ def ablation_cells(rows, runs):
     below that of "paper". Rows have different numbers of draws, so the
     "paper" row's own median is not the one to compare a row with."""
     cells = table_cells(rows, runs)
-    paper = {
-        (row["labels"], r["draw"]): r["test_error_percent"]
-        for row in rows
-        if row.get("setting") == "paper"
-        for r in finished_runs(row, runs)
-    }
+    paper_errors = paper_errors_by_labels(rows, runs)
     for row, row_cells in zip(rows, cells, strict=True):
-        errors = {
-            (row["labels"], r["draw"]): r["test_error_percent"]
-            for r in finished_runs(row, runs)
-        }
+        errors = errors_by_draw(row, runs)
+        paper = paper_errors.get(row["labels"], {})
         paired = [d for d in errors if d in paper]
         is_paper = row.get("setting") == "paper"
-        row_cells[_RECIPE_COLUMNS_AT:_RECIPE_COLUMNS_AT] = (
+        row_cells[_OWN_COLUMNS_AT:_OWN_COLUMNS_AT] = (
             ["", ""]
             if is_paper or not paired
             else [

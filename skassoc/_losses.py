@@ -148,7 +148,7 @@ def walker_loss(p_aba, labels):
     """
     same_class = (labels[:, None] == labels[None, :]).to(p_aba.dtype)
     target = same_class / same_class.sum(dim=1, keepdim=True)
-    return -(target * torch.log(LOG_EPSILON + p_aba)).sum(dim=1).mean()
+    return _cross_entropy(target, p_aba)
 
 
 def visit_loss(p_ab):
@@ -239,8 +239,16 @@ def consistency_loss(target, prediction):
     >>> bool(consistency_loss(target, agree) < consistency_loss(target, disagree))
     True
     """
-    log_prediction = torch.log(LOG_EPSILON + prediction)
-    return -(target.detach() * log_prediction).sum(dim=1).mean()
+    return _cross_entropy(target.detach(), prediction)
+
+
+def _cross_entropy(target, probabilities):
+    """Row-wise cross-entropy of probabilities (not logits), averaged.
+
+    ``log(LOG_EPSILON + p)``, as the authors' code, keeps zero
+    probabilities finite.
+    """
+    return -(target * torch.log(LOG_EPSILON + probabilities)).sum(dim=1).mean()
 
 
 def classification_loss(logits, labels):

@@ -110,16 +110,20 @@ class AssociationBatchSampler:
         self._padding = (torch.arange(width) >= counts[:, None]).to(self.device)
         self._with_replacement = (counts < labeled_per_class).to(self.device)
         self.unlabeled_sampling = unlabeled_sampling
-        self._unlabeled = unlabeled_indices.to(self.device)
-        if unlabeled_sampling == "epochs":
+        if unlabeled_sampling == "replacement":
+            self._unlabeled = unlabeled_indices.to(self.device)
+        else:
+            # The pool stays on the host, where its epochs are shuffled.
             self._unlabeled_on_host = unlabeled_indices.cpu()
             seed = int(torch.randint(2**62, (), device="cpu"))
             self._shuffles = torch.Generator(device="cpu").manual_seed(seed)
             # The current epoch (training indices in dealing order), the next
             # position in it, and the batch that sample() hands out: fixed
             # buffers, so that a captured graph reads each step's batch.
-            self._epoch_order = torch.empty_like(self._unlabeled)
-            self._epoch_position = len(self._unlabeled)
+            self._epoch_order = torch.empty_like(
+                self._unlabeled_on_host, device=self.device
+            )
+            self._epoch_position = len(self._unlabeled_on_host)
             self._unlabeled_batch = torch.zeros(
                 unlabeled_batch_size, dtype=torch.long, device=self.device
             )
@@ -136,7 +140,7 @@ class AssociationBatchSampler:
         """
         if self.unlabeled_sampling != "epochs":
             return
-        n_pool, size = len(self._unlabeled), self.unlabeled_batch_size
+        n_pool, size = len(self._unlabeled_on_host), self.unlabeled_batch_size
         dealt = 0
         while dealt < size:
             if self._epoch_position == n_pool:

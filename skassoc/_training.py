@@ -253,7 +253,9 @@ class _AssociationStep:
             torch.channels_last if config.channels_last else torch.contiguous_format
         )
         self.augment, self.augment_unlabeled = None, False
-        if config.consistency_weight > 0 and config.augmentation is None:
+        # The consistency loss embeds a second view of the unlabeled batch.
+        self.with_consistency = config.consistency_weight > 0
+        if self.with_consistency and config.augmentation is None:
             # The estimator refuses this earlier, with advice; this guards
             # direct use of the training loop.
             raise ValueError("consistency_weight > 0 needs an augmentation.")
@@ -275,8 +277,7 @@ class _AssociationStep:
         if config.compile is not None:
             self.embed_batch = torch.compile(model.embed, **config.compile)
             n_unlabeled = batches.sampler.unlabeled_batch_size
-            # The consistency loss embeds a second copy of the unlabeled batch.
-            n_views = 2 if config.consistency_weight > 0 else 1
+            n_views = 2 if self.with_consistency else 1
             rows = batches.labels.shape[0] + n_views * n_unlabeled
             if self.chunk_size is not None and rows > self.chunk_size:
                 warnings.warn(
@@ -298,7 +299,7 @@ class _AssociationStep:
         # Device-side counters, so neither the weight ramp nor the loss
         # bookkeeping needs the host.
         self.loss_names = LOSS_NAMES
-        if config.consistency_weight > 0:
+        if self.with_consistency:
             self.loss_names += (CONSISTENCY,)
         self.step_count = torch.zeros((), device=device)
         self.loss_sum = torch.zeros(len(self.loss_names), device=device)
@@ -386,7 +387,6 @@ class _AssociationStep:
         n_labeled = labels.shape[0]
         batch = self.batches.batch()
         n_batch = batch.shape[0]
-        with_consistency = config.consistency_weight > 0
         if self.augment is not None:
             # The labeled rows come first (see ``_batches``).
             unlabeled = batch[n_labeled:]
@@ -395,7 +395,7 @@ class _AssociationStep:
             else:
                 labeled = self.augment(batch[:n_labeled])
                 batch = torch.cat([labeled, unlabeled])
-            if with_consistency:
+            if self.with_consistency:
                 # A second view of the unlabeled batch, warped independently
                 # of the first (drawn after it: fits without consistency keep
                 # their random stream). It is embedded in the same pass.
@@ -412,7 +412,7 @@ class _AssociationStep:
         logit = classification_loss(logits, labels)
         association = config.walker_weight * walker + config.visit_weight * visit
         losses = [walker, visit, logit]
-        if with_consistency:
+        if self.with_consistency:
             # Where the walk from the second view ends should match where the
             # walk from the first one ends (the target, held fixed).
             n_classes = logits.shape[1]

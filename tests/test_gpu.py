@@ -67,10 +67,27 @@ def test_epoch_dealing_reaches_the_captured_graph():
         assert sorted(one_pass.tolist()) == pool.tolist()
 
 
-def test_epochs_in_the_graph_train_like_the_eager_loop(digit_images):
+def test_epochs_in_the_graph_train_like_the_eager_loop(digit_images, monkeypatch):
     X, y, y_semi = digit_images
+    dealt = []
+    advance = AssociationBatchSampler.advance
+
+    def recording_advance(sampler):
+        advance(sampler)
+        dealt.append(sampler._unlabeled_batch.clone())
+
+    monkeypatch.setattr(AssociationBatchSampler, "advance", recording_advance)
     params = dict(unlabeled_sampling="epochs", precision="fp32")
     graph = fit(X, y_semi, cuda_graph=True, **params)
+    # The graph fit dealt a batch before each of its steps (warm-up ones and
+    # replays), every unlabeled sample once an epoch.
+    assert len(dealt) == graph.n_iter_
+    pool = np.flatnonzero(y_semi == -1)
+    stream = torch.cat(dealt).cpu().numpy()
+    n_epochs = len(stream) // len(pool)
+    assert n_epochs >= 1
+    for one_epoch in stream[: n_epochs * len(pool)].reshape(n_epochs, len(pool)):
+        np.testing.assert_array_equal(np.sort(one_epoch), pool)
     eager = fit(X, y_semi, cuda_graph=False, **params)
     assert abs(graph.score(X, y) - eager.score(X, y)) < 0.05
     assert graph.score(X, y) > 0.8
