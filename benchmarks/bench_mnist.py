@@ -196,6 +196,10 @@ ABLATIONS = {
     # The unlabeled batch dealt from shuffled epochs over the unlabeled
     # images, as the authors' input queue does, not drawn with replacement.
     "unlabeled in epochs": {"unlabeled_sampling": "epochs"},
+    # All that recipe "paper" does not copy from the authors' code: float32
+    # arithmetic, the unlabeled batch dealt from shuffled epochs, and the
+    # labeled images in the unlabeled pool too (ABLATION_TRAINING_SETS).
+    "as the authors' code": {"precision": "fp32", "unlabeled_sampling": "epochs"},
     "+labeled augmentation": {"augmentation": LABELED_AUGMENTATION},
     "+mild augmentation": {"augmentation": MILD_AUGMENTATION},
     "+mild labeled augmentation": {"augmentation": MILD_LABELED_AUGMENTATION},
@@ -367,6 +371,11 @@ ABLATIONS = {
         **STEPS_12K,
     },
 }
+
+#: Ablations fitted on another training set than ``"all"`` (see
+#: ``training_set``): the authors' code walks over all 60,000 training
+#: images, the labeled ones included.
+ABLATION_TRAINING_SETS = {"as the authors' code": "all as unlabeled"}
 
 #: Baseline methods on PCA features (run on the CPU).
 PCA_COMPONENTS = 50
@@ -660,12 +669,15 @@ def build_plan(args, device_type, recipes, ablations):
             for name in ablations:
                 overrides = ABLATIONS[name]
                 shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+                fit_on = ABLATION_TRAINING_SETS.get(name, "all")
+                if fit_on != "all":
+                    shown += f"; fitted on {fit_on}"
                 plan.add_row(
                     part,
                     name,
                     "100",
                     args.ablation_draws,
-                    network("paper", overrides)("100"),
+                    network("paper", overrides, fit_on)("100"),
                     f"{name} ({shown})",
                     "",
                 )
@@ -739,6 +751,29 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def training_set(fit_on, x_train, y_semi):
+    """The samples and labels a skassoc run is fitted on.
+
+    ``"all"``: every training image, the labeled ones with their labels
+    (so outside the unlabeled pool). ``"labeled"``: the labeled images only.
+    ``"all as unlabeled"``: every training image unlabeled, then the labeled
+    ones once more with their labels, so that the unlabeled pool holds all
+    training images, as in the authors' code.
+    """
+    labeled = np.flatnonzero(y_semi != -1)
+    if fit_on == "all":
+        return x_train, y_semi
+    if fit_on == "labeled":
+        return x_train[labeled], y_semi[labeled]
+    if fit_on == "all as unlabeled":
+        unlabeled = np.full_like(y_semi, -1)
+        return (
+            np.concatenate([x_train, x_train[labeled]]),
+            np.concatenate([unlabeled, y_semi[labeled]]),
+        )
+    raise ValueError(f"unknown training set {fit_on!r}")
+
+
 def run_job(config, data, device):
     """Train and evaluate one run; return its measurements."""
     y_semi = data.labels(config["labels"], config["label_seed"])
@@ -749,10 +784,7 @@ def run_job(config, data, device):
         params = dict(config["params"])
         params["device"] = str(device)
         clf = SemiSupervisedAssociationClassifier(**params)
-        if config["fit_on"] == "labeled":
-            x_fit, y_fit = data.x_train[labeled], y_semi[labeled]
-        else:
-            x_fit, y_fit = data.x_train, y_semi
+        x_fit, y_fit = training_set(config["fit_on"], data.x_train, y_semi)
         validation = {}
         if config.get("track_test_error"):
             validation = {"X_val": data.x_test, "y_val": data.y_test}

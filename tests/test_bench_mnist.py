@@ -59,6 +59,24 @@ def test_every_ablation_is_a_valid_parameter_set(bench_mnist):
     assert consistency == recipe_params("consistency")
 
 
+def test_training_sets(bench_mnist):
+    x_train = np.arange(6 * 4).reshape(6, 2, 2)
+    y_semi = np.array([-1, 3, -1, -1, 5, -1])
+    x_fit, y_fit = bench_mnist.training_set("all", x_train, y_semi)
+    assert x_fit is x_train and y_fit is y_semi
+    x_fit, y_fit = bench_mnist.training_set("labeled", x_train, y_semi)
+    np.testing.assert_array_equal(x_fit, x_train[[1, 4]])
+    np.testing.assert_array_equal(y_fit, [3, 5])
+    # As in the authors' code: every image in the unlabeled pool, the
+    # labeled ones also in the labeled set, with their labels.
+    x_fit, y_fit = bench_mnist.training_set("all as unlabeled", x_train, y_semi)
+    np.testing.assert_array_equal(x_fit, x_train[[0, 1, 2, 3, 4, 5, 1, 4]])
+    np.testing.assert_array_equal(y_fit, [-1, -1, -1, -1, -1, -1, 3, 5])
+    with pytest.raises(ValueError, match="unknown training set 'test'"):
+        bench_mnist.training_set("test", x_train, y_semi)
+    assert set(bench_mnist.ABLATION_TRAINING_SETS) <= set(bench_mnist.ABLATIONS)
+
+
 def test_tiny_run_records_rows_and_confusions(
     bench_mnist, tmp_path, capsys, torch_single_thread
 ):
@@ -74,7 +92,7 @@ def test_tiny_run_records_rows_and_confusions(
             "--seed-recipes=improved",
             "--seeds-per-draw=2",
             "--recipes=improved",
-            "--ablations=+labeled augmentation+visit1.5,bf16",
+            "--ablations=+labeled augmentation+visit1.5,bf16,as the authors' code",
             "--draws=1",
             "--ablation-draws=1",
             "--max-iter=3",
@@ -106,6 +124,9 @@ def test_tiny_run_records_rows_and_confusions(
     improved = runs["recipes/improved/100/0"]
     assert "ablations/+labeled augmentation+visit1.5/100/0" in improved["shared_with"]
     assert "+labeled augmentation+visit1.5" in (tmp_path / "mnist.rst").read_text()
+    authors = runs["ablations/as the authors' code/100/0"]["config"]
+    assert authors["fit_on"] == "all as unlabeled"
+    assert authors["params"]["precision"] == "fp32"
     # The checkpoints part trains its own run (tracking the test error after
     # the last step: 3 steps, fewer than the interval), not Table 1's.
     tracked = runs["checkpoints/paper/100/0"]
