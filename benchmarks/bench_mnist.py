@@ -46,7 +46,9 @@ recipes
 ablations
     100 labels, "paper" plus one override set of ``ABLATIONS`` (below; pick
     with ``--ablations``) per row, beside "paper" itself, over
-    ``--ablation-draws`` draws: precision, weight averaging, augmentation
+    ``--ablation-draws`` draws: the authors' setup (float32, unlabeled
+    batches in epochs, labeled images in the unlabeled pool too; see
+    ``training_set``), precision, weight averaging, augmentation
     (strength, elastic distortion, whether the unlabeled batch is augmented
     too), and loss weights, batch sizes, schedules and the consistency loss
     on top of a warp of the labeled batch (recipe "improved" is "paper" plus
