@@ -198,9 +198,10 @@ ABLATIONS = {
     # The unlabeled batch dealt from shuffled epochs over the unlabeled
     # images, as the authors' input queue does, not drawn with replacement.
     "unlabeled in epochs": {"unlabeled_sampling": "epochs"},
-    # All that recipe "paper" does not copy from the authors' code: float32
-    # arithmetic, the unlabeled batch dealt from shuffled epochs, and the
-    # labeled images in the unlabeled pool too (ABLATION_TRAINING_SETS).
+    # What recipe "paper" does not copy from the authors' code, but for
+    # where Adam adds its epsilon: float32 arithmetic, the unlabeled batch
+    # dealt from shuffled epochs, and the labeled images in the unlabeled
+    # pool too (ABLATION_TRAINING_SETS).
     "as the authors' code": {"precision": "fp32", "unlabeled_sampling": "epochs"},
     "+labeled augmentation": {"augmentation": LABELED_AUGMENTATION},
     "+mild augmentation": {"augmentation": MILD_AUGMENTATION},
