@@ -124,9 +124,12 @@ def test_tiny_run_records_rows_and_confusions(
     improved = runs["recipes/improved/100/0"]
     assert "ablations/+labeled augmentation+visit1.5/100/0" in improved["shared_with"]
     assert "+labeled augmentation+visit1.5" in (tmp_path / "mnist.rst").read_text()
-    authors = runs["ablations/as the authors' code/100/0"]["config"]
-    assert authors["fit_on"] == "all as unlabeled"
-    assert authors["params"]["precision"] == "fp32"
+    # Fitted on the 2000 training images unlabeled plus the labeled ones again.
+    authors = runs["ablations/as the authors' code/100/0"]
+    assert authors["config"]["fit_on"] == "all as unlabeled"
+    assert authors["config"]["params"]["precision"] == "fp32"
+    assert authors["n_fit"] == 2000 + authors["n_labeled"] == 2100
+    assert runs["ablations/bf16/100/0"]["n_fit"] == 2000
     # The checkpoints part trains its own run (tracking the test error after
     # the last step: 3 steps, fewer than the interval), not Table 1's.
     tracked = runs["checkpoints/paper/100/0"]
