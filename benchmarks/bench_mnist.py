@@ -380,6 +380,9 @@ ABLATIONS = {
 #: ``training_set``): the authors' code walks over all 60,000 training
 #: images, the labeled ones included.
 ABLATION_TRAINING_SETS = {"as the authors' code": "all as unlabeled"}
+#: How the title of a row says that its runs were fitted on a training set
+#: other than ``"all"``.
+TRAINING_SET_TITLES = {"all as unlabeled": "labeled images also in the unlabeled pool"}
 
 #: Baseline methods on PCA features (run on the CPU).
 PCA_COMPONENTS = 50
@@ -674,8 +677,8 @@ def build_plan(args, device_type, recipes, ablations):
                 overrides = ABLATIONS[name]
                 shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
                 fit_on = ABLATION_TRAINING_SETS.get(name, "all")
-                if fit_on == "all as unlabeled":
-                    shown += "; labeled images also in the unlabeled pool"
+                if fit_on != "all":
+                    shown += f"; {TRAINING_SET_TITLES[fit_on]}"
                 plan.add_row(
                     part,
                     name,
@@ -1040,6 +1043,14 @@ def paper_errors_by_labels(rows, runs):
     }
 
 
+def draws_below(errors, paper):
+    """The draws that two rows share, and ``"k/n"``: on how many of those
+    ``errors`` is below ``paper`` (ties count as not below)."""
+    paired = [d for d in errors if d in paper]
+    below = sum(errors[d] < paper[d] for d in paired)
+    return paired, f"{below}/{len(paired)}"
+
+
 #: Where the recipes and ablations tables put their own columns: before the
 #: paper's figure.
 _OWN_COLUMNS_AT = TABLE_HEADER.index("Paper")
@@ -1065,16 +1076,11 @@ def recipe_cells(rows, runs):
         chosen_on = [e for draw, e in errors.items() if draw < SELECTION_DRAWS]
         later = {d: e for d, e in errors.items() if d >= SELECTION_DRAWS}
         paper = paper_errors.get(row["labels"], {})
-        paired = [d for d in later if d in paper]
-        wins = sum(later[d] < paper[d] for d in paired)
+        paired, below = draws_below(later, paper)
         row_cells[_OWN_COLUMNS_AT:_OWN_COLUMNS_AT] = [
             median_cell(chosen_on) if later else "",
             median_cell(list(later.values())) if later else "",
-            (
-                f"{wins}/{len(paired)}"
-                if paired and row.get("setting") != "paper"
-                else ""
-            ),
+            below if paired and row.get("setting") != "paper" else "",
         ]
     return cells
 
@@ -1098,15 +1104,12 @@ def ablation_cells(rows, runs):
     for row, row_cells in zip(rows, cells, strict=True):
         errors = errors_by_draw(row, runs)
         paper = paper_errors.get(row["labels"], {})
-        paired = [d for d in errors if d in paper]
+        paired, below = draws_below(errors, paper)
         is_paper = row.get("setting") == "paper"
         row_cells[_OWN_COLUMNS_AT:_OWN_COLUMNS_AT] = (
             ["", ""]
             if is_paper or not paired
-            else [
-                median_cell([paper[d] for d in paired]),
-                f"{sum(errors[d] < paper[d] for d in paired)}/{len(paired)}",
-            ]
+            else [median_cell([paper[d] for d in paired]), below]
         )
     return cells
 
