@@ -8,12 +8,56 @@ batch is drawn and gathered on the host, then copied into a fixed device
 buffer that the step reads. Only the rows of the batch are ever read.
 """
 
+import numpy as np
 import torch
 
+from ._inputs import UNLABELED, as_tensor
 from ._sampling import AssociationBatchSampler
-from ._validation import as_tensor
 
-__all__ = ["DeviceBatches", "HostBatches"]
+__all__ = ["DeviceBatches", "HostBatches", "make_batches"]
+
+
+def make_batches(inputs, settings):
+    """What draws and gathers each step's batch for ``inputs``.
+
+    Inputs given as a memory map stay where they are and every batch is
+    gathered from them on the host; all other inputs are copied to the
+    training device once.
+
+    Parameters
+    ----------
+    inputs : TrainingData
+        The validated training data.
+    settings : FitSettings
+        Device, batch sizes and how the unlabeled batch is drawn.
+
+    Returns
+    -------
+    batches : DeviceBatches or HostBatches
+    """
+    encoded = inputs.encoded
+    labeled = encoded != UNLABELED
+    class_indices = [
+        torch.as_tensor(np.flatnonzero(encoded == k))
+        for k in range(len(inputs.classes))
+    ]
+    # The paper's "all labels" setting: with nothing unlabeled, every sample
+    # also serves as unlabeled.
+    pool = np.flatnonzero(~labeled) if not labeled.all() else np.arange(len(encoded))
+    sampling = (
+        class_indices,
+        torch.as_tensor(pool),
+        settings.labeled_per_class,
+        settings.unlabeled_batch_size,
+    )
+    if inputs.on_host:
+        return HostBatches(
+            inputs.data, *sampling, settings.device, settings.unlabeled_sampling
+        )
+    sampler = AssociationBatchSampler(
+        *sampling, settings.device, settings.unlabeled_sampling
+    )
+    return DeviceBatches(as_tensor(inputs.data).to(settings.device), sampler)
 
 
 class DeviceBatches:
@@ -90,21 +134,24 @@ class HostBatches:
             "cpu",
             unlabeled_sampling,
         )
-        self.inputs = as_tensor(inputs)
+        # Read with NumPy, never viewed by torch: a read-only memory map
+        # would need a copy (see as_tensor), which is what this class avoids.
+        self.inputs = inputs
+        dtype = as_tensor(inputs[:0]).dtype
         self.device = torch.device(device)
         self.labels = self.sampler.labels.to(self.device)
         self.n_labeled = self.sampler.labels.shape[0]
-        shape = (self.n_labeled + unlabeled_batch_size, *self.inputs.shape[1:])
+        shape = (self.n_labeled + unlabeled_batch_size, *inputs.shape[1:])
         on_gpu = self.device.type == "cuda"
         self._host_buffers = [
-            torch.empty(shape, dtype=self.inputs.dtype, pin_memory=on_gpu)
+            torch.empty(shape, dtype=dtype, pin_memory=on_gpu)
             for _ in range(2 if on_gpu else 1)
         ]
         self._copied = [
             torch.cuda.Event() if on_gpu else None for _ in self._host_buffers
         ]
         self._device_buffer = (
-            torch.empty(shape, dtype=self.inputs.dtype, device=self.device)
+            torch.empty(shape, dtype=dtype, device=self.device)
             if on_gpu
             else self._host_buffers[0]
         )
@@ -119,7 +166,9 @@ class HostBatches:
         if self._copied[turn] is not None:
             # The copy out of this pinned buffer, two steps ago, must be done.
             self._copied[turn].synchronize()
-        torch.index_select(self.inputs, 0, indices, out=self._host_buffers[turn])
+        # Fancy indexing reads only the batch's rows (and brings them to
+        # native byte order); the copy into the pinned buffer is one batch.
+        self._host_buffers[turn].numpy()[...] = self.inputs[indices.numpy()]
         if self._device_buffer is not self._host_buffers[turn]:
             self._device_buffer.copy_(self._host_buffers[turn], non_blocking=True)
             self._copied[turn].record()

@@ -1,7 +1,6 @@
 """SemiSupervisedAssociationClassifier: the paper's recipe as an estimator."""
 
 import copy
-import math
 import warnings
 from numbers import Integral, Real
 
@@ -14,69 +13,45 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
-from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, Options, StrOptions
-from sklearn.utils.validation import (
-    check_consistent_length,
-    check_is_fitted,
-    column_or_1d,
-    validate_data,
+from sklearn.utils._param_validation import (
+    Interval,
+    Options,
+    StrOptions,
+    validate_parameter_constraints,
 )
+from sklearn.utils.validation import check_consistent_length, column_or_1d
 
-from ._augmentation import resolve_augmentation
-from ._batches import DeviceBatches, HostBatches
-from ._image_format import (
-    ImageFormat,
-    check_image_size,
-    format_settings,
-    formatted_shape,
-)
-from ._networks import (
-    AssociationModel,
-    auto_network_name,
-    build_network,
-    place_model,
-)
-from ._persistence import load_model, save_model
-from ._sampling import UNLABELED_SAMPLINGS, AssociationBatchSampler
-from ._training import (
-    TrainingConfig,
+from ._batches import make_batches
+from ._device import (
     autocast_context,
-    cpu_has_native_bf16,
     cuda_rng_lock,
-    default_log_interval,
     precision_context,
     seeded_rng,
-    train,
+    torch_threads,
 )
-from ._validation import (
-    UNLABELED,
+from ._fitted import FittedState, get_fitted_state, is_fitted, set_fitted_state
+from ._inputs import (
     as_tensor,
     check_label_types,
-    check_sample_shape,
-    encode_semi_supervised_labels,
-    is_integer,
-    resolve_device,
-    resolve_image_shape,
-    split_sample_shape,
-    to_model_layout,
+    inputs_like_training,
+    unfitted_copy,
     unlabeled_mask,
-    user_stacklevel,
-    validate_memory_map,
+    validate_training_inputs,
 )
+from ._model import build_model, check_custom_module, placed, probe_embedder
+from ._persistence import load_model, save_model
+from ._sampling import UNLABELED_SAMPLINGS
+from ._settings import (
+    available_memory_bytes,
+    resolve_fit_settings,
+    resolve_precision,
+    resolve_predict_batch_size,
+    step_memory_bytes,
+)
+from ._training import train
+from ._utils import user_stacklevel
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
-
-# The authors' code decays the logit layer's weights by 1e-4 for every network.
-LOGIT_L2_SCALE = 1e-4
-#: The keyword arguments of torch.compile that ``compile`` may hold.
-COMPILE_ARGUMENTS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options"})
-#: torch.compile modes that capture CUDA graphs of their own.
-GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
-# Steps of max_iter="auto": the paper's 20,000 on a GPU; on a CPU, enough for
-# a useful model in minutes.
-AUTO_MAX_ITER = {"cuda": 20_000, "cpu": 2_000}
-AUTO_PREDICT_BATCH_SIZE = {"cuda": 8192, "cpu": 1024}
 
 
 class SemiSupervisedAssociationClassifier(
@@ -436,6 +411,10 @@ class SemiSupervisedAssociationClassifier(
     def fit(self, X, y, *, X_val=None, y_val=None):
         """Train the network on labeled and unlabeled samples.
 
+        The fitted attributes change only when training has succeeded: a
+        fit that fails, or that is interrupted before its first step
+        completes, leaves a fitted estimator as it was.
+
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features), (n_samples, h, w) \
@@ -459,151 +438,76 @@ class SemiSupervisedAssociationClassifier(
         self : SemiSupervisedAssociationClassifier
             The fitted estimator.
         """
-        # A failed fit leaves the estimator as it was: validation below sets
-        # attributes early, so snapshot and restore them on any error.
-        previous_state = dict(self.__dict__)
-        try:
-            return self._fit(X, y, X_val, y_val)
-        except BaseException:
-            self.__dict__.clear()
-            self.__dict__.update(previous_state)
-            raise
-
-    def _fit(self, X, y, X_val, y_val):
-        device = resolve_device(self.device)
-        warm = self.warm_start and hasattr(self, "model_")
-        # validate_data resets n_features_in_: keep the previous fit's inputs.
-        previous_inputs = (self.n_features_in_, self.input_shape_) if warm else None
-        self._check_hidden_layer_sizes()
-        on_host = _is_memory_map(X)
-        if on_host:
-            # Validated and used where it is: never copied or read whole.
-            y = validate_memory_map(self, X, y)
-            sample_shape = tuple(X.shape[1:]) if X.ndim > 2 else None
-        else:
-            rows, sample_shape = split_sample_shape(X)
-            rows, y = validate_data(self, rows, y, dtype="numeric", y_numeric=False)
-        n_features = self.n_features_in_
-        image_shape = resolve_image_shape(sample_shape, self.input_shape, n_features)
-        if self.input_shape is None:
-            _warn_if_channels_last(sample_shape)
-        image_size = check_image_size(self.image_size)
-        if image_shape is None and (
-            image_size is not None or self.image_channels is not None
-        ):
-            raise ValueError(
-                "image_size and image_channels need image inputs; pass X as "
-                "(n, h, w) or (n, c, h, w) images, or set input_shape for flat "
-                "rows."
-            )
-        if image_shape is not None and self.image_channels is not None:
-            if image_shape[0] not in (1, 3):
-                raise ValueError(
-                    f"image_channels={self.image_channels} converts between grey "
-                    f"(1 channel) and colour (3); the images have {image_shape[0]} "
-                    "channels. Leave image_channels=None for them."
-                )
-        if warm and (n_features, image_shape) != previous_inputs:
-            raise ValueError(
-                "warm_start=True needs inputs shaped like those of the previous "
-                f"fit ({previous_inputs[0]} features, image shape "
-                f"{previous_inputs[1]}); got {n_features} features, image "
-                f"shape {image_shape}. Set warm_start=False to train a new model."
-            )
-        if warm:
-            self._check_warm_start_architecture(image_shape)
-        classes, encoded = encode_semi_supervised_labels(y)
-        validation = self._validation_set(X_val, y_val, image_shape, classes)
-        if warm and not np.array_equal(classes, self.classes_):
-            raise ValueError(
-                "warm_start=True needs the classes of the previous fit "
-                f"({self.classes_.tolist()}); got {classes.tolist()}. Set "
-                "warm_start=False to train a new model."
-            )
-
-        augmentation = resolve_augmentation(self.augmentation)
-        if augmentation is not None and image_shape is None:
-            raise ValueError(
-                "augmentation needs image inputs; pass X as (n, h, w) or "
-                "(n, c, h, w) images, or set input_shape for flat rows."
-            )
-        if (
-            augmentation is not None
-            and augmentation["blur_probability"] > 0
-            and min(image_shape[1:]) < 4
-        ):
-            raise ValueError(
-                "The augmentation's 7x7 blur reflects 3 pixels at the borders, "
-                f"so it needs images of at least 4x4 pixels; these are "
-                f"{image_shape[1]}x{image_shape[2]}. Set "
-                "augmentation['blur_probability'] = 0 for them."
-            )
-        if self.consistency_weight > 0 and augmentation is None:
-            raise ValueError(
-                f"consistency_weight={self.consistency_weight} compares every "
-                "unlabeled image with a random augmentation of it, but "
-                "augmentation is None. Set augmentation (e.g. 'paper', or "
-                "{'unlabeled': False} to warp the labeled batch and the second "
-                "copy only), or set consistency_weight=0."
-            )
-        compile_options = self._compile_options(device)
-        seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
-        if on_host:
-            # Adding the channel axis of (n, h, w) images is a view, never a copy.
-            data = X if image_shape is None else X.reshape(len(X), *image_shape)
-        else:
-            data = to_model_layout(rows, image_shape)
-        max_iter = self._resolve_auto("max_iter", AUTO_MAX_ITER, device)
-        precision = self._resolve_precision(device, images=data.ndim == 4)
-        # Seed torch's generators for this fit only, so results depend on
-        # random_state alone and the caller's random streams are untouched.
-        with seeded_rng(seed, device):
-            if warm:
-                model = copy.deepcopy(self.model_).to(device)
-                network_name = self.network_
-            else:
-                model, network_name = self._build_model(
-                    data, image_shape, len(classes), device
-                )
-            embedding_dim = model.logits.in_features
-            batches = self._make_batches(data, encoded, device, on_host)
-            config = self._training_config(
-                max_iter,
-                precision,
-                model,
-                augmentation,
-                images=data.ndim == 4,
-                compile_options=compile_options,
-            )
-            evaluate = None
-            if validation is not None:
-                X_val, y_val = validation
-
-                def evaluate():
-                    proba = self._run_model(model, X_val, device, precision, "proba")
-                    return np.mean(classes[np.argmax(proba, axis=1)] == y_val)
-
-            with precision_context(device, precision):
-                result = train(model, batches, config, device, evaluate)
-
-        self.model_ = model
-        self.classes_ = classes
-        self.input_shape_ = image_shape
-        self.network_ = network_name
-        self.embedding_dim_ = embedding_dim
-        self.n_iter_ = result.n_iter
-        self.history_ = result.history
-        self.device_ = device
+        inputs = validate_training_inputs(self, X, y)
+        validation = self._validation_set(X_val, y_val, inputs)
+        previous = get_fitted_state(self) if self._continues() else None
+        settings = resolve_fit_settings(self, inputs, previous)
+        device = settings.device
+        with seeded_rng(settings.seed, device), torch_threads(device):
+            model = self._initial_model(inputs, settings, previous)
+            batches = make_batches(inputs, settings)
+            evaluate = self._scorer_during_fit(model, validation, inputs, settings)
+            with precision_context(device, settings.training.precision):
+                result = train(model, batches, settings.training, device, evaluate)
+        set_fitted_state(
+            self,
+            FittedState(
+                model=model,
+                classes=inputs.classes,
+                input_shape=inputs.image_shape,
+                network=settings.spec.network,
+                n_features_in=inputs.n_features,
+                feature_names_in=inputs.feature_names,
+                n_iter=result.n_iter,
+                history=result.history,
+                device=device,
+            ),
+        )
         if result.interrupted:
             warnings.warn(
-                f"Training was interrupted after {result.n_iter} of {max_iter} "
-                "steps; the model keeps the weights of the last completed step.",
+                f"Training was interrupted after {result.n_iter} of "
+                f"{settings.training.max_iter} steps; the model keeps the "
+                "weights of the last completed step.",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
         return self
 
-    def _validation_set(self, X_val, y_val, image_shape, classes):
+    def _continues(self):
+        """Whether this fit continues from the previous one (``warm_start``)."""
+        return bool(self.warm_start) and is_fitted(self)
+
+    def _initial_model(self, inputs, settings, previous):
+        """The model training starts from, on the training device."""
+        device, spec = settings.device, settings.spec
+        if previous is not None:
+            return copy.deepcopy(previous.model).to(device)
+        embedder = None
+        if spec.network == "custom":
+            # A custom module may already live on a GPU: probe it there.
+            embedder = check_custom_module(self.network).to(device)
+            sample = self._formatted_sample(inputs, spec, device)
+            width, _ = probe_embedder(embedder, sample)
+            spec = type(spec)(**{**spec.__dict__, "embedding_dim": width})
+        model = build_model(spec, embedder)
+        fit_input_statistics(model, inputs.data)
+        model = placed(model, device, spec)
+        # cuDNN may autotune (and synchronize the device) for a new shape:
+        # never while another thread captures a CUDA graph.
+        with cuda_rng_lock(device):
+            sample = self._formatted_sample(inputs, spec, device)
+            _, activation_bytes = probe_embedder(model.embedder, sample)
+        _check_step_memory(settings, model, activation_bytes)
+        return model
+
+    @staticmethod
+    def _formatted_sample(inputs, spec, device):
+        """Two training samples as the embedder sees them."""
+        sample = as_tensor(inputs.data[:2]).to(device).float()
+        input_format = spec.input_format()
+        return sample if input_format is None else input_format.to(device)(sample)
+
+    def _validation_set(self, X_val, y_val, inputs):
         """``X_val`` in the model's layout and ``y_val``, or None without them."""
         if X_val is None and y_val is None:
             return None
@@ -612,8 +516,11 @@ class SemiSupervisedAssociationClassifier(
                 "X_val and y_val go together: pass both to measure the accuracy "
                 "on them during training, or neither."
             )
+        probe = unfitted_copy(self, n_features_in_=inputs.n_features)
+        if inputs.feature_names is not None:
+            probe.feature_names_in_ = inputs.feature_names
         try:
-            X_val = self._inputs_like_training(X_val, image_shape)
+            X_val = inputs_like_training(probe, X_val, inputs.image_shape)
         except ValueError as exc:
             # The checks word their errors for X; say which input they mean.
             raise ValueError(
@@ -630,293 +537,78 @@ class SemiSupervisedAssociationClassifier(
                 "the unlabeled ones out of X_val and y_val."
             )
         check_label_types(y_val)
-        unknown = np.setdiff1d(y_val, classes)
+        unknown = np.setdiff1d(y_val, inputs.classes)
         if len(unknown):
             raise ValueError(
                 f"y_val holds labels that no labeled sample of y has: "
                 f"{unknown[:5].tolist()}; the model predicts only "
-                f"{classes.tolist()[:10]}. Check that y_val uses the labels "
-                "(and their type) of y."
+                f"{inputs.classes.tolist()[:10]}. Check that y_val uses the "
+                "labels (and their type) of y."
             )
         return X_val, y_val
 
-    def _training_config(
-        self, max_iter, precision, model, augmentation, images, compile_options
-    ):
-        """The run's hyperparameters, with every "auto" resolved."""
-        lr_decay_steps = self.lr_decay_steps
-        if lr_decay_steps == "auto":
-            lr_decay_steps = max(1, round(max_iter / 4))
-        if self.l2_scale == "auto":
-            l2_scale = getattr(model.embedder, "default_l2_scale", 1e-4)
-        else:
-            l2_scale = self.l2_scale
-        return TrainingConfig(
-            max_iter=max_iter,
-            learning_rate=float(self.learning_rate),
-            lr_decay=float(self.lr_decay),
-            lr_decay_steps=lr_decay_steps,
-            walker_weight=float(self.walker_weight),
-            visit_weight=float(self.visit_weight),
-            logit_weight=float(self.logit_weight),
-            association_delay=self.association_delay,
-            association_ramp_steps=self.association_ramp_steps,
-            l2_scale=float(l2_scale),
-            logit_l2_scale=LOGIT_L2_SCALE,
-            precision=precision,
-            cuda_graph=self.cuda_graph in ("auto", True),
-            channels_last=images,
-            log_interval=default_log_interval(max_iter),
-            verbose=self.verbose,
-            augmentation=augmentation,
-            consistency_weight=float(self.consistency_weight),
-            ema_decay=self.ema_decay,
-            validation_interval=self.validation_interval,
-            compile=compile_options,
-        )
-
-    def _compile_options(self, device):
-        """Keyword arguments of ``torch.compile``, or None without compiling."""
-        # By value, not identity: NumPy booleans pass parameter validation.
-        if isinstance(self.compile, dict):
-            options = dict(self.compile)
-        elif self.compile:
-            options = {}
-        else:
+    def _scorer_during_fit(self, model, validation, inputs, settings):
+        """The accuracy on ``X_val`` of the model being trained, or None."""
+        if validation is None:
             return None
-        unknown = set(options) - COMPILE_ARGUMENTS
-        if unknown:
-            raise ValueError(
-                f"compile has unknown keys {sorted(unknown)}; it takes keyword "
-                f"arguments of torch.compile: {sorted(COMPILE_ARGUMENTS)}."
-            )
-        if "mode" in options and "options" in options:
-            raise ValueError(
-                "compile takes 'mode' or 'options', not both (torch.compile "
-                "refuses them together); put the mode's settings in 'options'."
-            )
-        uses_graph = device.type == "cuda" and self.cuda_graph in ("auto", True)
-        inner_graphs = (options.get("options") or {}).get("triton.cudagraphs")
-        if uses_graph and (options.get("mode") in GRAPH_MODES or inner_graphs):
-            what = (
-                f"mode {options['mode']!r}"
-                if "mode" in options
-                else "option 'triton.cudagraphs'"
-            )
-            raise ValueError(
-                f"compile {what} captures CUDA graphs of its own, which cannot "
-                "run inside skassoc's CUDA graph of the whole step. Use mode "
-                "'max-autotune-no-cudagraphs' (or the default mode), or set "
-                "cuda_graph=False."
-            )
-        return options
+        X_val, y_val = validation
+        classes, device = inputs.classes, settings.device
+        precision = settings.training.precision
+        batch_size = self._predict_batch_size(device)
 
-    def _resolve_auto(self, name, defaults, device):
-        value = getattr(self, name)
-        return defaults[device.type] if value == "auto" else value
+        def evaluate():
+            proba = run_model(model, X_val, device, precision, "proba", batch_size)
+            return np.mean(classes[np.argmax(proba, axis=1)] == y_val)
 
-    def _resolve_precision(self, device, images):
-        if self.precision != "auto":
-            return self.precision
-        if device.type == "cuda":
-            return "tf32"
-        # bf16 convolutions roughly double a CPU's speed where it has native
-        # bf16 arithmetic; elsewhere they are emulated and slower.
-        return "bf16" if images and cpu_has_native_bf16() else "fp32"
-
-    def _input_format(self, image_shape):
-        """The conversion in front of the network, and the shape it outputs."""
-        if image_shape is None:
-            return None, None
-        size = check_image_size(self.image_size)
-        if size is None and self.image_channels is None:
-            return None, image_shape
-        return (
-            ImageFormat(size, self.image_channels),
-            formatted_shape(image_shape, size, self.image_channels),
-        )
-
-    def _check_hidden_layer_sizes(self):
-        sizes = self.hidden_layer_sizes
-        if not all(is_integer(width) and width >= 1 for width in sizes):
-            raise ValueError(
-                "hidden_layer_sizes must hold positive ints (the width of each "
-                f"hidden layer of the MLP); got {sizes!r}."
-            )
-
-    def _check_warm_start_architecture(self, image_shape):
-        """Refuse parameters that would need another network than ``model_``."""
-        input_format, network_shape = self._input_format(image_shape)
-        names = ("image_size", "image_channels")
-        fitted = dict(
-            zip(names, format_settings(self.model_.input_format), strict=True)
-        )
-        wanted = dict(zip(names, format_settings(input_format), strict=True))
-        if isinstance(self.network, torch.nn.Module):
-            # A new module cannot be compared with the fitted copy of the old.
-            wanted["network"] = "custom" if self.network_ == "custom" else "a module"
-        else:
-            wanted["network"] = self.network
-            if self.network == "auto":
-                wanted["network"] = auto_network_name(network_shape)
-        fitted["network"] = self.network_
-        if wanted["network"] == self.network_ != "custom":
-            wanted["embedding_dim"] = self.embedding_dim
-            fitted["embedding_dim"] = self.embedding_dim_
-        if wanted["network"] == self.network_ == "mlp":
-            wanted["hidden_layer_sizes"] = tuple(self.hidden_layer_sizes)
-            fitted["hidden_layer_sizes"] = self.model_.embedder.hidden_layer_sizes
-        changed = [name for name in wanted if wanted[name] != fitted[name]]
-        if changed:
-            details = ", ".join(
-                f"{name}: {fitted[name]!r} -> {wanted[name]!r}" for name in changed
-            )
-            raise ValueError(
-                "warm_start=True continues training the fitted network, but these "
-                f"parameters now ask for another one ({details}). Set them back, "
-                "or set warm_start=False to train a new model."
-            )
-
-    def _build_model(self, data, image_shape, n_classes, device):
-        """The embedding network plus logit layer, initialised from torch's seed."""
-        input_format, network_shape = self._input_format(image_shape)
-        if isinstance(self.network, torch.nn.Module):
-            embedder = copy.deepcopy(self.network)
-            name = "custom"
-        else:
-            name = self.network
-            if name == "auto":
-                name = auto_network_name(network_shape)
-            embedder = build_network(
-                name,
-                network_shape,
-                math.prod(data.shape[1:]),
-                self.embedding_dim,
-                self.hidden_layer_sizes,
-            )
-            if name == "mlp":
-                embedder.fit_normalization(data, input_format)
-        # A custom module may already live on a GPU: probe it on the device.
-        embedder = embedder.to(device)
-        sample = as_tensor(data[:2]).to(device).float()
-        if input_format is not None:
-            sample = input_format(sample)
-        # cuDNN may autotune (and synchronize the device) for a new shape:
-        # never while another thread captures a CUDA graph.
-        with cuda_rng_lock(device):
-            embedding_dim = self._probe_embedding_dim(embedder, sample)
-        model = AssociationModel(embedder, embedding_dim, n_classes, input_format)
-        return place_model(model, device, images=data.ndim == 4), name
-
-    @staticmethod
-    def _probe_embedding_dim(embedder, sample):
-        """Run two samples through the embedder and check its output shape."""
-        with torch.no_grad():
-            was_training = embedder.training
-            embedder.eval()
-            out = embedder(sample)
-            embedder.train(was_training)
-        if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 2:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out)
-            raise ValueError(
-                "The network must map a batch of n inputs to an (n, embedding_dim) "
-                f"tensor; for a batch of 2 it returned {shape}. Add a flatten or "
-                "linear layer at its end."
-            )
-        return int(out.shape[1])
-
-    def _make_batches(self, data, encoded, device, on_host):
-        """What draws and gathers each step's batch (see ``_batches``).
-
-        Inputs given as a memory map stay where they are and every batch is
-        gathered from them on the host; all other inputs are copied to the
-        training device once.
-        """
-        labeled = encoded != UNLABELED
-        class_indices = [
-            torch.as_tensor(np.flatnonzero(encoded == k))
-            for k in range(encoded.max() + 1)
-        ]
-        # The paper's "all labels" setting: with nothing unlabeled, every
-        # sample also serves as unlabeled.
-        pool = (
-            np.flatnonzero(~labeled) if not labeled.all() else np.arange(len(encoded))
-        )
-        if on_host:
-            return HostBatches(
-                data,
-                class_indices,
-                torch.as_tensor(pool),
-                self.labeled_per_class,
-                self.unlabeled_batch_size,
-                device,
-                self.unlabeled_sampling,
-            )
-        sampler = AssociationBatchSampler(
-            class_indices,
-            torch.as_tensor(pool),
-            self.labeled_per_class,
-            self.unlabeled_batch_size,
-            device,
-            self.unlabeled_sampling,
-        )
-        return DeviceBatches(as_tensor(data).to(device), sampler)
+        return evaluate
 
     # ------------------------------------------------------------ inference
 
-    def _validated_inputs(self, X):
-        check_is_fitted(self)
-        return self._inputs_like_training(X, self.input_shape_)
-
-    def _inputs_like_training(self, X, image_shape):
-        """``X`` checked against the training inputs, in the model's layout."""
-        rows, sample_shape = split_sample_shape(X)
-        rows = validate_data(self, rows, dtype="numeric", reset=False)
-        check_sample_shape(sample_shape, image_shape, self.n_features_in_)
-        return to_model_layout(rows, image_shape)
+    def _predict_batch_size(self, device):
+        """``predict_batch_size``, checked (it may have been set after fit)."""
+        validate_parameter_constraints(
+            {"predict_batch_size": self._parameter_constraints["predict_batch_size"]},
+            {"predict_batch_size": self.predict_batch_size},
+            caller_name=type(self).__name__,
+        )
+        return resolve_predict_batch_size(self.predict_batch_size, device)
 
     def _forward(self, X, output):
-        """Run ``X`` through the fitted model; ``output`` picks what to keep."""
-        data = self._validated_inputs(X)
-        device = self.device_
-        precision = self._resolve_precision(device, images=data.ndim == 4)
-        result = self._run_model(self.model_, data, device, precision, output)
-        if result is None:
-            width = self.embedding_dim_ if output == "embedding" else len(self.classes_)
-            return np.empty((0, width), dtype=np.float32)
-        return result
+        """Run ``X`` through the fitted model; ``output`` picks what to keep.
 
-    def _run_model(self, model, data, device, precision, output):
-        """Run validated ``data`` through ``model`` in batches (None when empty).
-
-        ``output`` is ``"embedding"`` or ``"proba"``.
+        Returns the fitted state used too, so that a caller reads one model
+        even while another thread refits this estimator.
         """
-        batch_size = self._resolve_auto(
-            "predict_batch_size", AUTO_PREDICT_BATCH_SIZE, device
+        state = get_fitted_state(self)
+        batch_size = self._predict_batch_size(state.device)
+        fitted = {"n_features_in_": state.n_features_in}
+        if state.feature_names_in is not None:
+            fitted["feature_names_in_"] = state.feature_names_in
+        data = inputs_like_training(unfitted_copy(self, **fitted), X, state.input_shape)
+        precision = resolve_precision(
+            self.precision, state.device, images=data.ndim == 4
         )
-        memory_format = (
-            torch.channels_last if data.ndim == 4 else torch.contiguous_format
+        result = run_model(
+            state.model, data, state.device, precision, output, batch_size
         )
-        chunks = []
-        # The lock: cuDNN's autotuning of new batch shapes synchronizes the
-        # device, which must not happen while a fit in another thread
-        # captures its CUDA graph (see _training.cuda_rng_lock).
-        with (
-            torch.inference_mode(),
-            precision_context(device, precision),
-            cuda_rng_lock(device),
-        ):
-            for start in range(0, data.shape[0], batch_size):
-                batch = as_tensor(data[start : start + batch_size])
-                batch = batch.to(device, non_blocking=True).float()
-                with autocast_context(device, precision):
-                    embeddings = model.embed(batch, memory_format)
-                    if output == "embedding":
-                        result = embeddings
-                    else:
-                        result = torch.softmax(model.logits(embeddings).float(), 1)
-                chunks.append(result.float().cpu().numpy())
-        return np.concatenate(chunks) if chunks else None
+        if result is None:
+            width = (
+                state.model.logits.in_features
+                if output == "embedding"
+                else len(state.classes)
+            )
+            result = np.empty((0, width), dtype=np.float32)
+        return state, result
+
+    def _proba_and_state(self, X):
+        state, proba = self._forward(X, "proba")
+        if not np.isfinite(proba).all():
+            raise ValueError(
+                "The model's class probabilities are NaN for some samples: its "
+                "weights or the inputs hold NaN or values too large for "
+                "float32. Check X (and rescale it), or refit the model."
+            )
+        return state, proba.astype(np.float64)
 
     def predict_proba(self, X):
         """Class probabilities of the logit layer.
@@ -930,9 +622,9 @@ class SemiSupervisedAssociationClassifier(
         Returns
         -------
         proba : ndarray of shape (n_samples, n_classes)
-            Probability of every class in :attr:`classes_`.
+            Probability of every class in :attr:`classes_`, float64.
         """
-        return self._forward(X, "proba")
+        return self._proba_and_state(X)[1]
 
     def predict(self, X):
         """Predict the class of every sample.
@@ -948,8 +640,55 @@ class SemiSupervisedAssociationClassifier(
         y_pred : ndarray of shape (n_samples,)
             Labels from :attr:`classes_`.
         """
-        check_is_fitted(self)
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        state, proba = self._proba_and_state(X)
+        return state.classes[np.argmax(proba, axis=1)]
+
+    def score(self, X, y, sample_weight=None):
+        """Accuracy on the labeled samples of ``(X, y)``; ``-1`` samples are ignored.
+
+        A ``y`` from ``fit``'s convention (with ``-1`` for unlabeled samples)
+        scores only the samples whose label is known, so that model
+        selection on semi-supervised labels measures accuracy, not the share
+        of labeled samples. See :mod:`skassoc.model_selection` for splitters
+        and scorers that do the same for other metrics.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+            Inputs, in the same form as in ``fit``.
+        y : array-like of shape (n_samples,)
+            True labels; ``-1`` marks samples to leave out.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples.
+
+        Returns
+        -------
+        score : float
+            Accuracy of :meth:`predict` on the labeled samples.
+
+        Raises
+        ------
+        ValueError
+            If every label of ``y`` is ``-1``.
+        """
+        from sklearn.metrics import accuracy_score
+        from sklearn.utils import _safe_indexing
+
+        y = column_or_1d(y, warn=True)
+        labeled = np.flatnonzero(~unlabeled_mask(np.asarray(y)))
+        if len(labeled) == 0:
+            raise ValueError(
+                "Every label of y is -1 (unlabeled): there is nothing to score. "
+                "Score on samples whose labels are known."
+            )
+        check_consistent_length(X, y)
+        if sample_weight is not None:
+            sample_weight = np.asarray(sample_weight)[labeled]
+        return accuracy_score(
+            y[labeled],
+            self.predict(_safe_indexing(X, labeled)),
+            sample_weight=sample_weight,
+        )
 
     def transform(self, X):
         """Embed samples with the trained network.
@@ -965,12 +704,20 @@ class SemiSupervisedAssociationClassifier(
         embeddings : ndarray of shape (n_samples, `embedding_dim_`)
             The learned embeddings.
         """
-        return self._forward(X, "embedding")
+        return self._forward(X, "embedding")[1]
+
+    @property
+    def embedding_dim_(self):
+        """Width of the embedding (the number of output features of ``transform``)."""
+        return get_fitted_state(self).model.logits.in_features
 
     @property
     def _n_features_out(self):
         """Number of output features of ``transform`` (for feature names)."""
         return self.embedding_dim_
+
+    def __sklearn_is_fitted__(self):
+        return is_fitted(self)
 
     # ---------------------------------------------------------- persistence
 
@@ -978,20 +725,24 @@ class SemiSupervisedAssociationClassifier(
         """Save the fitted estimator to one file, without pickle.
 
         The file is a zip archive of the parameters and fitted attributes as
-        JSON and the network weights, which :meth:`load` reads back with
-        torch's ``weights_only`` loader: loading it executes no code, unlike
-        a pickle or joblib file.
+        JSON and the network weights; see :func:`load` for what reading it
+        may and may not do.
 
         Parameters
         ----------
-        path : str or os.PathLike
-            Where to write the model (extension ``.skassoc`` suggested).
+        path : str, bytes or os.PathLike
+            Where to write the model (extension ``.skassoc`` suggested). The
+            file is written beside it under a temporary name and renamed
+            over it at the end; a symbolic link at ``path`` is replaced by
+            the file, not followed. Anything else than a regular file or a
+            link at ``path`` (a directory, a FIFO, a device) is refused.
 
         Raises
         ------
         ValueError
-            If the estimator uses a custom ``torch.nn.Module`` network, or a
-            parameter or label cannot be stored as JSON.
+            If the estimator uses a custom ``torch.nn.Module`` network, a
+            parameter or label cannot be stored as JSON, or ``path`` is not
+            a regular file.
         """
         save_model(self, path)
 
@@ -999,9 +750,17 @@ class SemiSupervisedAssociationClassifier(
     def load(cls, path, *, device="auto"):
         """Load an estimator saved by :meth:`save`; runs no code from the file.
 
+        The file configures only what it may: the network's architecture
+        (checked against the weights present before anything is built),
+        the weights (finite float32 tensors), the classes and the training
+        hyperparameters, each within limits. ``compile`` and ``device`` are
+        never read from it (``compile`` is off, ``device`` is this method's
+        argument). Anything outside these bounds is refused with a
+        ``ValueError`` before it is allocated.
+
         Parameters
         ----------
-        path : str or os.PathLike
+        path : str, bytes or os.PathLike
             The model file.
         device : str or torch.device, default="auto"
             Where to place the model ("auto": a GPU when there is one). A
@@ -1016,9 +775,13 @@ class SemiSupervisedAssociationClassifier(
         ------
         ValueError
             If the file is not a valid skassoc model file (truncated,
-            tampered with, or from an incompatible version).
+            tampered with, from an incompatible version, or outside the
+            limits above).
         """
-        return load_model(path, device=device)
+        params, state = load_model(path, device=device)
+        estimator = cls(**params)
+        set_fitted_state(estimator, state)
+        return estimator
 
     def __getstate__(self):
         # Pickle the model on the CPU, so that a model trained on a GPU loads
@@ -1051,26 +814,68 @@ class SemiSupervisedAssociationClassifier(
         return tags
 
 
-def _warn_if_channels_last(sample_shape):
-    """Warn when images look like (h, w, c) but will be read as (c, h, w)."""
-    if sample_shape is None or len(sample_shape) != 3:
+def fit_input_statistics(model, data):
+    """Let the embedder learn what it needs from the training inputs.
+
+    The MLP learns its standardisation; other networks learn nothing.
+    """
+    fit_normalization = getattr(model.embedder, "fit_normalization", None)
+    if fit_normalization is not None:
+        input_format = None
+        if not isinstance(model.input_format, torch.nn.Identity):
+            input_format = model.input_format
+        fit_normalization(data, input_format)
+
+
+def run_model(model, data, device, precision, output, batch_size):
+    """Run validated ``data`` through ``model`` in batches (None when empty).
+
+    ``output`` is ``"embedding"`` or ``"proba"``.
+    """
+    memory_format = torch.channels_last if data.ndim == 4 else torch.contiguous_format
+    chunks = []
+    # The lock: cuDNN's autotuning of new batch shapes synchronizes the
+    # device, which must not happen while a fit in another thread captures
+    # its CUDA graph (see _device.cuda_rng_lock).
+    with (
+        torch.inference_mode(),
+        precision_context(device, precision),
+        cuda_rng_lock(device),
+    ):
+        for start in range(0, data.shape[0], batch_size):
+            batch = as_tensor(data[start : start + batch_size])
+            batch = batch.to(device, non_blocking=True).float()
+            with autocast_context(device, precision):
+                embeddings = model.embed(batch, memory_format)
+                if output == "embedding":
+                    result = embeddings.float()
+                else:
+                    logits = model.logits(embeddings).float().cpu().double()
+                    result = torch.softmax(logits, 1)
+            chunks.append(result.cpu().numpy())
+    return np.concatenate(chunks) if chunks else None
+
+
+def _check_step_memory(settings, model, activation_bytes):
+    """Refuse batch sizes whose training step cannot fit in memory."""
+    available = available_memory_bytes(settings.device)
+    if available is None:
         return
-    channels, height, width = sample_shape
-    if channels > 4 and width in (1, 3, 4):
-        warnings.warn(
-            f"X holds images of shape {tuple(sample_shape)}, read as (channels, "
-            f"height, width) = ({channels}, {height}, {width}). If they are "
-            "channels-last (height, width, channels) images, pass "
-            "np.moveaxis(X, -1, 1) instead.",
-            UserWarning,
-            stacklevel=user_stacklevel(),
+    n_parameters = sum(p.numel() for p in model.parameters())
+    needed = step_memory_bytes(
+        settings,
+        model.logits.out_features,
+        model.logits.in_features,
+        activation_bytes,
+        n_parameters,
+    )
+    if needed > available:
+        raise ValueError(
+            f"One training step needs about {needed / 2**30:.1f} GiB on "
+            f"{settings.device} but about {available / 2**30:.1f} GiB is free: "
+            f"{model.logits.out_features} classes x labeled_per_class="
+            f"{settings.labeled_per_class} labeled and unlabeled_batch_size="
+            f"{settings.unlabeled_batch_size} unlabeled samples, embedded in "
+            f"{model.logits.in_features} dimensions. Lower labeled_per_class, "
+            "unlabeled_batch_size or embedding_dim."
         )
-
-
-def _is_memory_map(X):
-    """Whether ``X`` is (a view of) a :class:`numpy.memmap`."""
-    while X is not None:
-        if isinstance(X, np.memmap):
-            return True
-        X = getattr(X, "base", None)
-    return False

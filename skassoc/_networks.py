@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from ._validation import as_tensor
+from ._inputs import as_tensor
 
 __all__ = [
     "MNISTNet",

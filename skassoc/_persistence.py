@@ -1,45 +1,63 @@
-"""Save and load fitted estimators in a safe, pickle-free file format.
+"""Save and load fitted estimators in a pickle-free file that runs nothing.
 
-A model file is one zip archive with two members:
+A model file is one zip archive, starting at its first byte, with two
+members and no others:
 
 ``metadata.json``
     The format name and version, the skassoc and torch versions that wrote
-    it, the estimator's parameters, its fitted attributes (except the
-    network) and the SHA-256 of ``weights.pt``.
+    it, the estimator's hyperparameters, the network's description, the
+    classes, the training history and the SHA-256 of ``weights.pt``.
 ``weights.pt``
-    The network's ``state_dict`` on the CPU, written by :func:`torch.save`.
+    The network's ``state_dict`` on the CPU, written by :func:`torch.save`
+    and stored uncompressed.
 
-Loading reads the metadata with :mod:`json`, rebuilds the built-in network
-from it, and reads the weights with ``torch.load(weights_only=True)``, which
-only accepts tensors and plain containers. Nothing in the file is ever
-executed, unlike :mod:`pickle` or :mod:`joblib`, so a model file from an
-untrusted source is as safe to open as a JSON document.
+What a file may do when it is loaded, and what it may not:
+
+- It is read as data: JSON, and tensors through
+  ``torch.load(weights_only=True)``; nothing in it is imported or executed.
+- It describes a built-in network only. The description is checked against
+  limits and against the shapes of the weights actually present *before*
+  the network is built (on torch's meta device, which allocates nothing),
+  so a small file cannot make the process allocate much more than its own
+  size. Weights must be finite float32 tensors (integer counters of batch
+  norm aside).
+- Each hyperparameter is taken only from a safe list, each within a bounded
+  domain (batch sizes, steps, widths). ``compile`` and ``device``, which
+  reach a compiler and the hardware, are never taken from a file:
+  ``compile`` is off and ``device`` is ``load``'s argument; a file that sets
+  them gets a warning.
 """
 
 import contextlib
+import glob
 import hashlib
 import io
 import json
 import math
 import os
 import secrets
+import stat
+import struct
+import warnings
 import zipfile
 import zlib
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
-from sklearn.utils.validation import check_is_fitted
 
-from ._image_format import ImageFormat, format_settings, formatted_shape
-from ._networks import (
-    NETWORKS,
-    AssociationModel,
-    MLPNet,
-    build_network,
-    place_model,
-)
-from ._validation import resolve_device
+from ._augmentation import PAPER_AUGMENTATION
+from ._device import resolve_device
+from ._fitted import FittedState, get_fitted_state
+from ._model import ModelSpec, build_model, placed, spec_of_model
+from ._networks import NETWORKS
+from ._sampling import UNLABELED_SAMPLINGS
+from ._utils import is_integer, user_stacklevel
+
+try:  # POSIX: lets a save tell a crashed save's temporary file from a live one.
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 __all__ = ["save_model", "load_model", "FORMAT_NAME", "FORMAT_VERSION"]
 
@@ -48,26 +66,133 @@ FORMAT_NAME = "skassoc-model"
 FORMAT_VERSION = 1
 METADATA_MEMBER = "metadata.json"
 WEIGHTS_MEMBER = "weights.pt"
-# metadata.json is small (a few KiB plus the loss history); the cap keeps a
-# crafted archive from making load_model inflate gigabytes into memory.
-MAX_METADATA_BYTES = 64 * 2**20
-# Label dtypes that JSON stores exactly: booleans, integers, floats, strings
-# (NumPy unicode, or object arrays of str as pandas gives).
-_CLASS_KINDS = {"b", "i", "u", "f", "U", "O"}
+TEMPORARY_SUFFIX = ".skassoc-tmp"
 
+# metadata.json holds a few KiB of settings and a loss history of about a
+# hundred entries per curve; deflated JSON shrinks by a factor of about ten.
+MAX_METADATA_BYTES = 4 * 2**20
+MAX_METADATA_RATIO = 50
+# Limits on what a file may describe or ask the next fit to use.
+MAX_WIDTH = 2**16  # embedding, hidden layers, image sides, classes
+MAX_LAYERS = 64
+MAX_BATCH = 2**20
+MAX_STEPS = 10**7
+MAX_WEIGHT = 1e6  # loss weights, L2 scales
+MAX_LABEL_CHARS = 1024
+# End of central directory record of a zip without comment: 22 bytes.
+_END_RECORD = struct.Struct("<4s4H2LH")
 
 _CLASS_VALUE_CHECKS = {
     "b": lambda v: isinstance(v, bool),
-    "i": lambda v: _is_int(v),
-    "u": lambda v: _is_int(v),
+    "i": is_integer,
+    "u": is_integer,
     "f": lambda v: isinstance(v, float),
-    "U": lambda v: isinstance(v, str),
-    "O": lambda v: isinstance(v, str),
+    "U": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
+    "O": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
 }
+# Parameters a file never sets: they reach a compiler or the hardware.
+NEVER_FROM_FILE = ("compile", "device")
 
 
-class _InvalidModelFile(Exception):
+class InvalidModelFile(Exception):
     """Why a file is not a valid model file; load_model adds the file name."""
+
+
+# ------------------------------------------------------- parameter domains
+
+
+def _one_of(*values):
+    def check(value):
+        return any(value == v and type(value) is type(v) for v in values)
+
+    return check
+
+
+def _int_in(low, high, *also):
+    def check(value):
+        return (is_integer(value) and low <= value <= high) or _one_of(*also)(value)
+
+    return check
+
+
+def _float_in(low, high, *also, low_open=False):
+    def check(value):
+        if _one_of(*also)(value):
+            return True
+        number = isinstance(value, Real) and not isinstance(value, bool)
+        return (
+            number
+            and math.isfinite(value)
+            and (low < value if low_open else low <= value)
+            and value <= high
+        )
+
+    return check
+
+
+def _sizes(min_len, max_len, low=1, high=MAX_WIDTH, allow_none=False):
+    def check(value):
+        if value is None:
+            return allow_none
+        return (
+            isinstance(value, list)
+            and min_len <= len(value) <= max_len
+            and all(_int_in(low, high)(v) for v in value)
+        )
+
+    return check
+
+
+def _image_size(value):
+    return value is None or _int_in(1, MAX_WIDTH)(value) or _sizes(2, 2)(value)
+
+
+def _augmentation(value):
+    if value is None or value == "paper":
+        return True
+    if not isinstance(value, dict) or set(value) - set(PAPER_AUGMENTATION):
+        return False
+    bounded = _float_in(0, 100)
+    return all(
+        isinstance(item, bool) if key == "unlabeled" else bounded(item)
+        for key, item in value.items()
+    )
+
+
+#: The hyperparameters a file may set, each with the values it may take.
+SAFE_PARAMS = {
+    "network": _one_of("auto", *NETWORKS),
+    "input_shape": _sizes(2, 3, allow_none=True),
+    "image_size": _image_size,
+    "image_channels": _one_of(None, 1, 3),
+    "embedding_dim": _int_in(1, MAX_WIDTH),
+    "hidden_layer_sizes": _sizes(0, MAX_LAYERS),
+    "labeled_per_class": _int_in(1, MAX_BATCH, "auto"),
+    "unlabeled_batch_size": _int_in(1, MAX_BATCH, "auto"),
+    "unlabeled_sampling": _one_of(*UNLABELED_SAMPLINGS),
+    "max_iter": _int_in(1, MAX_STEPS, "auto"),
+    "learning_rate": _float_in(0, 10, low_open=True),
+    "lr_decay": _float_in(0, 1, low_open=True),
+    "lr_decay_steps": _int_in(1, MAX_STEPS, "auto"),
+    "walker_weight": _float_in(0, MAX_WEIGHT),
+    "visit_weight": _float_in(0, MAX_WEIGHT),
+    "logit_weight": _float_in(0, MAX_WEIGHT),
+    "association_delay": _int_in(0, MAX_STEPS),
+    "association_ramp_steps": _int_in(0, MAX_STEPS),
+    "l2_scale": _float_in(0, MAX_WEIGHT, "auto"),
+    "augmentation": _augmentation,
+    "consistency_weight": _float_in(0, MAX_WEIGHT),
+    "ema_decay": _float_in(0, 1, None),
+    "precision": _one_of("auto", "fp32", "tf32", "bf16"),
+    "cuda_graph": _one_of(True, False, "auto"),
+    "predict_batch_size": _int_in(1, MAX_BATCH, "auto"),
+    "random_state": _int_in(0, 2**32 - 1, None),
+    "verbose": _int_in(0, 100, True, False),
+    "warm_start": _one_of(True, False),
+    "validation_interval": _int_in(1, MAX_STEPS),
+}
+# Parameters stored as JSON lists that the estimator takes as tuples.
+_TUPLE_PARAMS = ("input_shape", "image_size", "hidden_layer_sizes")
 
 
 # ----------------------------------------------------------------- saving
@@ -79,41 +204,23 @@ def save_model(estimator, path):
     Parameters
     ----------
     estimator : SemiSupervisedAssociationClassifier
-        A fitted estimator with a built-in network (not a custom
-        ``torch.nn.Module``).
-    path : str or os.PathLike
-        Where to write the model; the extension ``.skassoc`` is suggested.
-        An existing file is replaced. The file is written under a temporary
-        name and renamed at the end, so a failed save never leaves a
-        truncated model behind.
+        A fitted estimator with a built-in network.
+    path : str, bytes or os.PathLike
+        Where to write the model (see the estimator's ``save``).
 
     Raises
     ------
     sklearn.exceptions.NotFittedError
         If the estimator is not fitted.
     ValueError
-        If the estimator uses a custom network, or a parameter or the labels
-        cannot be stored as JSON.
-
-    See Also
-    --------
-    load_model : Load a model saved by this function.
-
-    Notes
-    -----
-    The file holds the estimator's parameters, its fitted attributes and the
-    network's weights (moved to the CPU, so a model trained on a GPU loads on
-    a machine without one). It holds no optimizer state: ``warm_start`` on a
-    loaded model continues from its weights with a fresh optimizer, exactly
-    as it does on the original.
+        If the estimator uses a custom network, a parameter or the labels
+        cannot be stored as JSON, or ``path`` is not a regular file.
     """
-    check_is_fitted(estimator, "model_")
-    network = estimator.network_
-    if isinstance(estimator.get_params()["network"], torch.nn.Module) or (
-        network not in NETWORKS
-    ):
+    path = _as_path(path)
+    state = get_fitted_state(estimator)
+    if state.network not in NETWORKS:
         raise ValueError(
-            "save_model can only save estimators with a built-in network "
+            "save can only save estimators with a built-in network "
             f"({sorted(NETWORKS)}); this one uses a custom torch.nn.Module, "
             "whose code a model file cannot hold without pickle. Pickle it "
             "(trusted files only), or save the weights with "
@@ -122,16 +229,28 @@ def save_model(estimator, path):
             "same shape and classes, then call estimator.model_.load_state_dict("
             "torch.load(path, weights_only=True))."
         )
-    weights = _weights_bytes(estimator.model_)
-    params, tuple_params = _encode_params(estimator.get_params(deep=False))
+    weights = _weights_bytes(state.model)
+    params = estimator.get_params(deep=False)
+    spec = spec_of_model(
+        state.model, state.network, state.input_shape, state.n_features_in
+    )
     metadata = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "skassoc_version": _skassoc_version(),
         "torch_version": str(torch.__version__),
-        "params": params,
-        "tuple_params": tuple_params,
-        "fitted": _encode_fitted(estimator),
+        "params": _encode_params(params),
+        "network": _encode_spec(spec),
+        "classes": _encode_classes(state.classes),
+        "feature_names_in": (
+            None
+            if state.feature_names_in is None
+            else [str(name) for name in state.feature_names_in]
+        ),
+        "n_iter": int(state.n_iter),
+        "history": {
+            str(key): _to_json(list(values)) for key, values in state.history.items()
+        },
         "weights_sha256": hashlib.sha256(weights).hexdigest(),
     }
     # allow_nan: a loss history may hold NaN; Python's json reads it back.
@@ -140,11 +259,22 @@ def save_model(estimator, path):
 
 
 def _skassoc_version():
-    # Imported here: skassoc/__init__ imports the classifier, which will
-    # import this module.
+    # Imported here: skassoc/__init__ imports the classifier, which imports
+    # this module.
     from . import __version__
 
     return __version__
+
+
+def _as_path(path):
+    """``path`` as a str; a clear TypeError for what is not a path."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"path must be a str, bytes or os.PathLike file name; got "
+            f"{type(path).__name__}. (File objects are not supported: the "
+            "model is written under a temporary name and renamed.)"
+        )
+    return os.fsdecode(os.fspath(path))
 
 
 def _weights_bytes(model):
@@ -160,15 +290,11 @@ def _weights_bytes(model):
 
 
 def _encode_params(params):
-    """JSON-ready parameters, and the names of those that were tuples."""
-    encoded, tuple_params = {}, []
+    """JSON-ready parameters (without those a file never sets)."""
+    encoded = {}
     for name, value in params.items():
-        if name == "device":
-            # "auto", "cpu", "cuda:1" or a torch.device: all round-trip as str.
-            encoded[name] = str(value)
+        if name in NEVER_FROM_FILE:
             continue
-        if isinstance(value, tuple):
-            tuple_params.append(name)
         try:
             encoded[name] = _to_json(value)
         except TypeError:
@@ -183,7 +309,7 @@ def _encode_params(params):
                 "parameters as JSON, which holds only None, booleans, numbers, "
                 f"strings, and lists and string-keyed dicts of them.{hint}"
             ) from None
-    return encoded, sorted(tuple_params)
+    return encoded
 
 
 def _to_json(value):
@@ -192,7 +318,7 @@ def _to_json(value):
         return value
     if isinstance(value, np.bool_):
         return bool(value)
-    if isinstance(value, Integral):
+    if is_integer(value):
         return int(value)
     if isinstance(value, Real):
         return float(value)
@@ -204,48 +330,22 @@ def _to_json(value):
     raise TypeError(type(value).__name__)
 
 
-def _encode_fitted(estimator):
-    fitted = {
-        "classes": _encode_classes(estimator.classes_),
-        "input_shape": _to_json(estimator.input_shape_),
-        "network": estimator.network_,
-        "embedding_dim": int(estimator.embedding_dim_),
-        # The architecture comes from the fitted network itself, not from the
-        # current parameters: set_params after fit, or a warm-start fit, can
-        # leave hidden_layer_sizes describing a different network.
-        "hidden_layer_sizes": _hidden_layer_sizes(estimator.model_.embedder),
-        # Likewise the image format the network was trained on, not the
-        # current image_size and image_channels.
-        "input_format": _encode_input_format(estimator.model_.input_format),
-        "n_features_in": int(estimator.n_features_in_),
-        "n_iter": int(estimator.n_iter_),
-        "history": {
-            str(key): _to_json(list(values))
-            for key, values in estimator.history_.items()
-        },
-        # Informational only: load_model places the model where it is told.
-        "device": str(estimator.device_),
+def _encode_spec(spec):
+    return {
+        "name": spec.network,
+        "input_shape": _to_json(spec.input_shape),
+        "n_features": int(spec.n_features),
+        "embedding_dim": int(spec.embedding_dim),
+        "hidden_layer_sizes": _to_json(spec.hidden_layer_sizes),
+        "image_size": _to_json(spec.image_size),
+        "image_channels": _to_json(spec.image_channels),
     }
-    if hasattr(estimator, "feature_names_in_"):
-        fitted["feature_names_in"] = [str(n) for n in estimator.feature_names_in_]
-    return fitted
-
-
-def _encode_input_format(input_format):
-    size, channels = format_settings(input_format)
-    if size is None and channels is None:
-        return None
-    return {"size": _to_json(size), "channels": _to_json(channels)}
-
-
-def _hidden_layer_sizes(embedder):
-    return list(embedder.hidden_layer_sizes) if isinstance(embedder, MLPNet) else []
 
 
 def _encode_classes(classes):
     classes = np.asarray(classes)
     kind = classes.dtype.kind
-    if classes.ndim != 1 or kind not in _CLASS_KINDS:
+    if classes.ndim != 1 or kind not in _CLASS_VALUE_CHECKS:
         raise ValueError(_unsupported_classes(classes))
     if kind == "O":
         if not all(isinstance(label, str) for label in classes):
@@ -266,251 +366,399 @@ def _unsupported_classes(classes):
     )
 
 
+def _check_target(path):
+    """Refuse to replace what is not a regular file (or a link, replaced)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise ValueError(
+            f"{path!r} exists and is not a regular file (a directory, FIFO or "
+            "device); save writes model files only over regular files. Choose "
+            "another path."
+        )
+
+
 def _write_atomically(path, metadata, weights):
-    path = os.fspath(path)
+    _check_target(path)
+    _remove_stale_temporaries(path)
     # A fresh name beside the target: os.replace is atomic only within one
     # file system, and "x" mode never clobbers another writer's file.
-    tmp_path = f"{path}.{secrets.token_hex(6)}.tmp"
+    tmp_path = f"{path}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
     try:
         with open(tmp_path, "xb") as handle:
+            if fcntl is not None:
+                # Held until the file is renamed: a save that finds the
+                # lock free knows this writer has died.
+                fcntl.flock(handle, fcntl.LOCK_EX)
             with zipfile.ZipFile(handle, "w") as archive:
                 archive.writestr(
                     METADATA_MEMBER, metadata, compress_type=zipfile.ZIP_DEFLATED
                 )
-                # Stored, not deflated: float weights barely compress, and
-                # stored members read back at disk speed.
+                # Stored, not deflated: float weights barely compress, stored
+                # members read back at disk speed, and load can require it
+                # (no decompression bomb can hide there).
                 archive.writestr(
                     WEIGHTS_MEMBER, weights, compress_type=zipfile.ZIP_STORED
                 )
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
+            os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
         raise
 
 
+def _remove_stale_temporaries(path):
+    """Delete the temporary files of earlier saves of ``path`` that crashed.
+
+    A live save holds a lock on its temporary file until it renames it, so a
+    temporary file whose lock can be taken belongs to a dead process.
+    Without ``fcntl`` (Windows) they are left for the user to delete.
+    """
+    if fcntl is None:
+        return
+    for stale in glob.glob(glob.escape(path) + ".*" + TEMPORARY_SUFFIX):
+        with contextlib.suppress(OSError):
+            with open(stale, "rb") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(stale)
+
+
 # ---------------------------------------------------------------- loading
 
 
 def load_model(path, *, device="auto"):
-    """Load an estimator saved by :func:`save_model`.
-
-    Loading executes nothing from the file: the metadata is JSON and the
-    weights are read with ``torch.load(weights_only=True)``, so files from
-    untrusted sources are safe to open. The file's checksum, members and
-    weights are verified; a damaged or altered file raises ValueError.
+    """Read a model file written by :func:`save_model`.
 
     Parameters
     ----------
-    path : str or os.PathLike
+    path : str, bytes or os.PathLike
         The model file.
     device : str or torch.device, default="auto"
-        Where to place the model: ``"auto"`` (a GPU when there is one, else
-        the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. A model trained on a
-        GPU loads on the CPU.
+        Where to place the model.
 
     Returns
     -------
-    estimator : SemiSupervisedAssociationClassifier
-        The fitted estimator, ready to predict. Its parameters are those it
-        was saved with (``device`` included); ``device_`` is where it now is.
+    params : dict
+        The estimator's parameters (``device`` is this function's).
+    state : FittedState
+        Its fitted state, the model on ``device``.
 
     Raises
     ------
     ValueError
-        If the file is not a valid model file (not a zip archive, truncated,
-        a member missing, bad JSON, checksum or weights mismatch), was
-        written by a newer skassoc, or ``device`` is not available.
-
-    See Also
-    --------
-    save_model : Save a fitted estimator.
+        If the file is not a valid model file, asks for more than the
+        limits allow, or was written by a newer skassoc.
     """
-    device = resolve_device(device)
-    name = os.fspath(path)
+    resolved = resolve_device(device)
+    name = _as_path(path)
     try:
         metadata, weights = _read_archive(name)
         _check_format(metadata, name)
-        return _rebuild(metadata, weights, device)
-    except _InvalidModelFile as exc:
+        params = _decode_params(_field(metadata, "params", dict))
+        params["device"] = device
+        state = _decode_state(metadata, weights, resolved)
+    except InvalidModelFile as exc:
         raise ValueError(f"{name!r} is not a valid skassoc model file: {exc}") from None
+    return params, state
 
 
 def _read_archive(path):
+    """The metadata (parsed) and the weights' bytes of the archive at ``path``."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            for member in (METADATA_MEMBER, WEIGHTS_MEMBER):
-                if member not in names:
-                    raise _InvalidModelFile(f"the archive has no {member}.")
-                if names.count(member) > 1:
-                    raise _InvalidModelFile(f"the archive holds {member} twice.")
-            if archive.getinfo(METADATA_MEMBER).file_size > MAX_METADATA_BYTES:
-                raise _InvalidModelFile(f"{METADATA_MEMBER} is implausibly large.")
-            # read() checks each member's CRC-32, catching corrupted bytes.
-            raw_metadata = archive.read(METADATA_MEMBER)
-            weights = archive.read(WEIGHTS_MEMBER)
-    except _InvalidModelFile:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError) as exc:
-        raise _InvalidModelFile(
-            f"it is not a complete zip archive (truncated or corrupted): {exc}"
-        ) from None
-    except (NotImplementedError, RuntimeError, ValueError) as exc:
-        # Unsupported compression or encrypted members: not written by us.
-        raise _InvalidModelFile(f"unreadable zip archive: {exc}") from None
+    except OSError as exc:
+        raise InvalidModelFile(f"cannot read it: {exc}") from None
+    if not stat.S_ISREG(mode):
+        raise InvalidModelFile("it is not a regular file.")
+    with open(path, "rb") as handle:
+        _check_zip_bounds(handle)
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                raw_metadata = _read_member(archive, METADATA_MEMBER)
+                weights = _read_member(archive, WEIGHTS_MEMBER)
+        except InvalidModelFile:
+            raise
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError) as exc:
+            raise InvalidModelFile(
+                f"it is not a complete zip archive (truncated or corrupted): {exc}"
+            ) from None
+        except (NotImplementedError, RuntimeError, ValueError, OSError) as exc:
+            # Unsupported compression or encrypted members: not written by us.
+            raise InvalidModelFile(f"unreadable zip archive: {exc}") from None
     try:
         metadata = json.loads(raw_metadata.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         # ValueError covers JSONDecodeError and UnicodeDecodeError; deep
         # nesting in a crafted file raises RecursionError.
-        raise _InvalidModelFile(f"{METADATA_MEMBER} is not valid JSON: {exc}") from None
+        raise InvalidModelFile(f"{METADATA_MEMBER} is not valid JSON: {exc}") from None
     if not isinstance(metadata, dict):
-        raise _InvalidModelFile(f"{METADATA_MEMBER} is not a JSON object.")
+        raise InvalidModelFile(f"{METADATA_MEMBER} is not a JSON object.")
     return metadata, weights
+
+
+def _check_zip_bounds(handle):
+    """The archive must start at the file's first byte and end at its last.
+
+    A zip reader finds its directory from the end, so bytes before the
+    archive (a pickle, say: a polyglot file) or after it would go unseen.
+    """
+    size = handle.seek(0, os.SEEK_END)
+    handle.seek(0)
+    head = handle.read(4)
+    if head != b"PK\x03\x04":
+        raise InvalidModelFile("it does not start with a zip archive.")
+    if size < _END_RECORD.size:
+        raise InvalidModelFile("it is too short to be a zip archive.")
+    handle.seek(size - _END_RECORD.size)
+    record = _END_RECORD.unpack(handle.read(_END_RECORD.size))
+    signature, comment_length = record[0], record[-1]
+    if signature != b"PK\x05\x06" or comment_length != 0:
+        raise InvalidModelFile(
+            "it does not end with the zip archive's directory (data appended, "
+            "or an archive comment)."
+        )
+    handle.seek(0)
+
+
+def _read_member(archive, member):
+    """One member's bytes, after checks of the archive's members and sizes."""
+    names = archive.namelist()
+    unknown = sorted(set(names) - {METADATA_MEMBER, WEIGHTS_MEMBER})
+    if unknown:
+        raise InvalidModelFile(f"the archive holds unknown members {unknown[:3]}.")
+    if member not in names:
+        raise InvalidModelFile(f"the archive has no {member}.")
+    if names.count(member) > 1:
+        raise InvalidModelFile(f"the archive holds {member} twice.")
+    info = archive.getinfo(member)
+    if info.header_offset < 0 or info.flag_bits & 0x1:
+        raise InvalidModelFile(f"{member} is encrypted or misplaced.")
+    if member == WEIGHTS_MEMBER:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise InvalidModelFile(f"{member} is compressed; it is always stored.")
+        limit = info.compress_size
+    else:
+        limit = min(MAX_METADATA_BYTES, MAX_METADATA_RATIO * info.compress_size + 2**16)
+    if info.file_size > limit:
+        raise InvalidModelFile(
+            f"{member} declares {info.file_size} bytes, more than the "
+            f"{limit} it may hold."
+        )
+    # read() checks each member's CRC-32; the bound keeps a member that lies
+    # about its size from inflating further.
+    with archive.open(info) as stream:
+        data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise InvalidModelFile(f"{member} inflates beyond {limit} bytes.")
+    return data
 
 
 def _check_format(metadata, path):
     if metadata.get("format") != FORMAT_NAME:
-        raise _InvalidModelFile(
-            f"its format is {metadata.get('format')!r}, not {FORMAT_NAME!r}."
+        raise InvalidModelFile(
+            f"its format is {str(metadata.get('format'))[:40]!r}, not {FORMAT_NAME!r}."
         )
     version = metadata.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise _InvalidModelFile(f"bad format_version {version!r}.")
+    if not is_integer(version) or version < 1:
+        raise InvalidModelFile(f"bad format_version {str(version)[:40]!r}.")
     if version > FORMAT_VERSION:
         # A readable file from the future: not a corrupt one, so say so.
         raise ValueError(
             f"{path!r} uses skassoc model format version {version}, written by "
-            f"skassoc {metadata.get('skassoc_version', '?')}; this skassoc "
-            f"({_skassoc_version()}) reads format versions up to "
+            f"skassoc {str(metadata.get('skassoc_version', '?'))[:40]}; this "
+            f"skassoc ({_skassoc_version()}) reads format versions up to "
             f"{FORMAT_VERSION}. Upgrade skassoc to load it."
         )
 
 
-def _rebuild(metadata, weights, device):
-    # Imported here: the classifier module will import this one.
-    from ._classifier import SemiSupervisedAssociationClassifier
+def _decode_params(params):
+    """The parameters a file may set, each checked against its domain."""
+    decoded = {}
+    ignored = []
+    for name, value in params.items():
+        if name in NEVER_FROM_FILE:
+            ignored.append(name)
+            continue
+        check = SAFE_PARAMS.get(name)
+        if check is None:
+            raise InvalidModelFile(f"unknown parameter {name[:40]!r}.")
+        if not check(value):
+            raise InvalidModelFile(
+                f"parameter {name} = {str(value)[:60]} is outside the values a "
+                "model file may set."
+            )
+        decoded[name] = (
+            tuple(value) if name in _TUPLE_PARAMS and isinstance(value, list) else value
+        )
+    if ignored:
+        warnings.warn(
+            f"The model file sets {', '.join(ignored)}, which model files may "
+            "not configure: compile stays off and device is load's argument. "
+            "Set them with set_params if you trust them.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+    return decoded
 
+
+def _decode_state(metadata, weights, device):
+    """The fitted state of the file: its network, built only once checked."""
     expected = _field(metadata, "weights_sha256", str)
     if hashlib.sha256(weights).hexdigest() != expected:
-        raise _InvalidModelFile(
+        raise InvalidModelFile(
             f"the SHA-256 of {WEIGHTS_MEMBER} does not match the one in "
             f"{METADATA_MEMBER}; the file was corrupted or altered."
         )
-    params = _decode_params(metadata)
-    fitted = _field(metadata, "fitted", dict)
-    classes = _decode_classes(_field(fitted, "classes", dict))
-    network = _field(fitted, "network", str)
-    if network not in NETWORKS:
-        raise _InvalidModelFile(f"unknown network {network!r}.")
-    input_shape = _decode_shape(fitted.get("input_shape"))
-    n_features = _positive_int(fitted, "n_features_in")
-    embedding_dim = _positive_int(fitted, "embedding_dim")
-    hidden = _field(fitted, "hidden_layer_sizes", list)
-    if not all(_is_int(width) and width > 0 for width in hidden):
-        raise _InvalidModelFile(f"bad hidden_layer_sizes {hidden!r}.")
-    if input_shape is not None and math.prod(input_shape) != n_features:
-        raise _InvalidModelFile(
-            f"input_shape {input_shape} does not hold n_features_in="
-            f"{n_features} values."
-        )
-    n_iter = _field(fitted, "n_iter", int)
-    history = _decode_history(_field(fitted, "history", dict))
-
-    try:
-        estimator = SemiSupervisedAssociationClassifier(**params)
-        # fit would validate the parameters; a loaded model is never fit, so
-        # check them here, before predict trips over a malformed one.
-        estimator._validate_params()
-    except (TypeError, ValueError) as exc:
-        raise _InvalidModelFile(
-            f"its parameters do not fit this skassoc ({exc}); it was written "
-            f"by skassoc {metadata.get('skassoc_version', '?')}."
-        ) from None
-    if "input_format" in fitted:
-        input_format, network_shape = _decode_input_format(
-            fitted["input_format"], input_shape
-        )
-    else:
-        # Files written before the format was stored: it came from the
-        # parameters saved beside it.
-        try:
-            input_format, network_shape = estimator._input_format(input_shape)
-        except ValueError as exc:
-            raise _InvalidModelFile(f"bad image_size ({exc}).") from None
-    model = _build_model(
-        network,
-        network_shape,
-        n_features,
-        embedding_dim,
-        hidden,
-        classes,
-        input_format,
-    )
-    _load_weights(model, weights)
-    model.eval()
-    model = place_model(model, device, images=input_shape is not None)
-
-    estimator.model_ = model
-    estimator.classes_ = classes
-    estimator.input_shape_ = input_shape
-    estimator.network_ = network
-    estimator.embedding_dim_ = embedding_dim
-    estimator.n_features_in_ = n_features
-    if "feature_names_in" in fitted:
-        names = _field(fitted, "feature_names_in", list)
-        if len(names) != n_features or not all(isinstance(n, str) for n in names):
-            raise _InvalidModelFile("feature_names_in does not match n_features_in.")
+    classes = _decode_classes(_field(metadata, "classes", dict))
+    spec = _decode_spec(_field(metadata, "network", dict), len(classes))
+    state_dict = _read_weights(weights)
+    model = _build_checked(spec, state_dict)
+    names = metadata.get("feature_names_in")
+    if names is not None and (
+        not isinstance(names, list)
+        or len(names) != spec.n_features
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise InvalidModelFile("feature_names_in does not match n_features.")
+    n_iter = _field(metadata, "n_iter", int)
+    if n_iter < 0:
+        raise InvalidModelFile("n_iter is negative.")
+    return FittedState(
+        model=placed(model, device, spec),
+        classes=classes,
+        input_shape=spec.input_shape,
+        network=spec.network,
+        n_features_in=spec.n_features,
         # scikit-learn keeps feature names as an object array of str.
-        estimator.feature_names_in_ = np.asarray(names, dtype=object)
-    estimator.n_iter_ = n_iter
-    estimator.history_ = history
-    estimator.device_ = device
-    return estimator
+        feature_names_in=None if names is None else np.asarray(names, dtype=object),
+        n_iter=n_iter,
+        history=_decode_history(_field(metadata, "history", dict)),
+        device=device,
+    )
 
 
-def _build_model(
-    network, input_shape, n_features, embedding_dim, hidden, classes, input_format
-):
-    # Building a network draws random initial weights, which the saved ones
-    # replace at once; fork the RNG so loading leaves the caller's torch
-    # random stream as it was.
-    try:
-        with torch.random.fork_rng(devices=[]):
-            embedder = build_network(
-                network, input_shape, n_features, embedding_dim, tuple(hidden)
-            )
-            return AssociationModel(embedder, embedding_dim, len(classes), input_format)
-    except (ValueError, RuntimeError, TypeError) as exc:
-        # Metadata that passed the checks above but describes no buildable
-        # network (e.g. an image smaller than the network needs).
-        raise _InvalidModelFile(f"cannot rebuild its network: {exc}") from None
+def _decode_spec(entry, n_classes):
+    name = _field(entry, "name", str)
+    if name not in NETWORKS:
+        raise InvalidModelFile(f"unknown network {name[:40]!r}.")
+    shape = entry.get("input_shape")
+    if not _sizes(3, 3, allow_none=True)(shape):
+        raise InvalidModelFile(f"bad input_shape {str(shape)[:60]}.")
+    n_features = _field(entry, "n_features", int)
+    if not 1 <= n_features <= MAX_WIDTH**2:
+        raise InvalidModelFile(f"n_features {n_features} is out of bounds.")
+    if shape is not None and math.prod(shape) != n_features:
+        raise InvalidModelFile(
+            f"input_shape {shape} does not hold n_features={n_features} values."
+        )
+    hidden = entry.get("hidden_layer_sizes")
+    image_size = entry.get("image_size")
+    channels = entry.get("image_channels")
+    checks = {
+        "embedding_dim": _int_in(1, MAX_WIDTH)(entry.get("embedding_dim")),
+        "hidden_layer_sizes": _sizes(0, MAX_LAYERS)(hidden),
+        "image_size": _sizes(2, 2, allow_none=True)(image_size),
+        "image_channels": _one_of(None, 1, 3)(channels),
+        "image options": shape is not None or (image_size, channels) == (None, None),
+        "channel conversion": channels is None
+        or (shape is not None and shape[0] in (1, 3)),
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if bad:
+        raise InvalidModelFile(f"bad network description ({', '.join(bad)}).")
+    return ModelSpec(
+        network=name,
+        input_shape=None if shape is None else tuple(shape),
+        n_features=n_features,
+        n_classes=n_classes,
+        embedding_dim=entry["embedding_dim"],
+        hidden_layer_sizes=tuple(hidden),
+        image_size=None if image_size is None else tuple(image_size),
+        image_channels=channels,
+    )
 
 
-def _load_weights(model, weights):
+def _read_weights(weights):
+    """The weights as a dict of CPU tensors, refused unless plain and finite."""
     try:
         state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     except Exception as exc:  # any failure to read it means a bad file
         # weights_only refuses anything but tensors and plain containers;
         # its UnpicklingError (or a torn file's error) lands here.
-        raise _InvalidModelFile(
+        raise InvalidModelFile(
             f"{WEIGHTS_MEMBER} is not a plain tensor state dict: "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {str(exc)[:200]}"
         ) from None
     if not isinstance(state, dict) or not all(
-        isinstance(key, str) and isinstance(value, torch.Tensor)
+        isinstance(key, str)
+        and isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
         for key, value in state.items()
     ):
-        raise _InvalidModelFile(f"{WEIGHTS_MEMBER} is not a tensor state dict.")
+        raise InvalidModelFile(
+            f"{WEIGHTS_MEMBER} is not a tensor state dict (of dense tensors)."
+        )
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise InvalidModelFile(f"weight {key[:60]!r} holds NaN or infinity.")
+    return state
+
+
+def _build_checked(spec, state_dict):
+    """Build ``spec``'s model after checking it against the weights present.
+
+    The network is first built on torch's meta device (shapes only, no
+    memory), so an architecture that the weights do not fill is refused
+    before anything of its size is allocated.
+    """
     try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise _InvalidModelFile(
-            f"its weights do not fit the network it describes: {exc}"
-        ) from None
+        # Building draws random initial weights, which the saved ones
+        # replace; fork the RNG so loading leaves the caller's stream as it was.
+        with torch.random.fork_rng(devices=[]):
+            with torch.device("meta"):
+                skeleton = build_model(spec)
+            expected = {
+                key: (tuple(t.shape), t.dtype)
+                for key, t in skeleton.state_dict().items()
+            }
+            present = {key: (tuple(t.shape), t.dtype) for key, t in state_dict.items()}
+            if expected != present:
+                raise InvalidModelFile(_mismatch(expected, present))
+            model = build_model(spec)
+    except InvalidModelFile:
+        raise
+    except (ValueError, RuntimeError, TypeError) as exc:
+        # A description that passed the checks above but builds no network
+        # (e.g. an image smaller than the network needs).
+        raise InvalidModelFile(f"cannot rebuild its network: {exc}") from None
+    model.load_state_dict(state_dict, strict=True)
+    return model.eval()
+
+
+def _mismatch(expected, present):
+    missing = sorted(set(expected) - set(present))
+    extra = sorted(set(present) - set(expected))
+    differ = sorted(
+        key for key in set(expected) & set(present) if expected[key] != present[key]
+    )
+    details = []
+    if missing:
+        details.append(f"missing {missing[:3]}")
+    if extra:
+        details.append(f"unexpected {extra[:3]}")
+    if differ:
+        key = differ[0]
+        details.append(
+            f"{key} is {present[key][0]} {present[key][1]}, the network needs "
+            f"{expected[key][0]} {expected[key][1]}"
+        )
+    return "its weights do not fit the network it describes: " + "; ".join(details)
 
 
 # ------------------------------------------------------ metadata checking
@@ -520,64 +768,8 @@ def _field(mapping, key, kind):
     value = mapping.get(key)
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
-        raise _InvalidModelFile(f"metadata field {key!r} is missing or malformed.")
+        raise InvalidModelFile(f"metadata field {key!r} is missing or malformed.")
     return value
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive_int(mapping, key):
-    value = _field(mapping, key, int)
-    if value < 1:
-        raise _InvalidModelFile(f"metadata field {key!r} must be positive.")
-    return value
-
-
-def _decode_params(metadata):
-    params = dict(_field(metadata, "params", dict))
-    tuple_params = _field(metadata, "tuple_params", list)
-    if not all(isinstance(name, str) for name in tuple_params):
-        raise _InvalidModelFile(f"bad tuple_params {tuple_params!r}.")
-    for name in tuple_params:
-        if name in params and isinstance(params[name], list):
-            params[name] = tuple(params[name])
-    if not isinstance(params.get("network"), str):
-        raise _InvalidModelFile("its network parameter is not a built-in name.")
-    return params
-
-
-def _decode_input_format(entry, input_shape):
-    """The saved image format and the shape the network sees after it."""
-    if entry is None:
-        return None, input_shape
-    if input_shape is None or not isinstance(entry, dict):
-        raise _InvalidModelFile(f"bad input_format {entry!r}.")
-    size = entry.get("size")
-    channels = entry.get("channels")
-    try:
-        input_format = ImageFormat(size, channels)
-    except (TypeError, ValueError) as exc:
-        raise _InvalidModelFile(f"bad input_format ({exc}).") from None
-    if channels is not None and input_shape[0] not in (1, 3):
-        raise _InvalidModelFile(
-            f"input_format converts to {channels} channels, but the images have "
-            f"{input_shape[0]}."
-        )
-    return input_format, formatted_shape(input_shape, input_format.size, channels)
-
-
-def _decode_shape(shape):
-    if shape is None:
-        return None
-    if (
-        not isinstance(shape, list)
-        or len(shape) != 3
-        or not all(_is_int(size) and size > 0 for size in shape)
-    ):
-        raise _InvalidModelFile(f"bad input_shape {shape!r}.")
-    return tuple(shape)
 
 
 def _decode_classes(entry):
@@ -585,20 +777,22 @@ def _decode_classes(entry):
     try:
         dtype = np.dtype(_field(entry, "dtype", str))
     except TypeError as exc:
-        raise _InvalidModelFile(f"bad classes dtype: {exc}") from None
-    if dtype.kind not in _CLASS_KINDS or dtype.fields is not None:
-        raise _InvalidModelFile(f"unsupported classes dtype {dtype}.")
-    if len(values) < 2 or not all(
+        raise InvalidModelFile(f"bad classes dtype: {exc}") from None
+    if dtype.kind not in _CLASS_VALUE_CHECKS or dtype.fields is not None:
+        raise InvalidModelFile(f"unsupported classes dtype {dtype}.")
+    if dtype.itemsize > 4 * MAX_LABEL_CHARS:
+        raise InvalidModelFile(f"classes dtype {dtype} is implausibly wide.")
+    if not 2 <= len(values) <= MAX_WIDTH or not all(
         _CLASS_VALUE_CHECKS[dtype.kind](value) for value in values
     ):
-        raise _InvalidModelFile(f"bad classes values for dtype {dtype}.")
+        raise InvalidModelFile(f"bad classes values for dtype {dtype}.")
     try:
         classes = np.asarray(values, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise _InvalidModelFile(f"bad classes values: {exc}") from None
+        raise InvalidModelFile(f"bad classes values: {exc}") from None
     # A too-short string dtype would silently truncate labels.
-    if classes.tolist() != values:
-        raise _InvalidModelFile(f"classes do not fit their dtype {dtype}.")
+    if classes.tolist() != values or len(np.unique(classes)) != len(classes):
+        raise InvalidModelFile(f"classes do not fit their dtype {dtype}.")
     return classes
 
 
@@ -607,5 +801,5 @@ def _decode_history(history):
         if not isinstance(values, list) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
         ):
-            raise _InvalidModelFile(f"bad history entry {key!r}.")
+            raise InvalidModelFile(f"bad history entry {key[:40]!r}.")
     return {key: list(values) for key, values in history.items()}

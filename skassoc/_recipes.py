@@ -33,31 +33,14 @@ RECIPES = {
     # The paper's recipe plus the paper's random warp (affine noise 0.15,
     # shifts of standard deviation 2 pixels, blur with probability 0.5) of
     # the labeled batch only, the unlabeled batch left as it is, and visit
-    # weight 1.5. Chosen among the ablations of bench_mnist.py on MNIST
-    # label draws 0-9 (network seeded by the draw), where its median test
-    # error is 0.74% with 100 labels and 0.53% with 1000. On draws 10-39,
-    # which played no part in the choice: 0.76% and 0.53%, against 0.90%
-    # and 0.76% for "paper" (better on 23 of these 30 draws with 100
-    # labels, on all 30 with 1000).
-    # It fails on more label draws than "paper" (4 of 40 above 1.5%, against
-    # 2): the walker hands one style of 7s (116-134 test images; on draws
-    # 2 and 17, 7s with a crossbar, a style that the labeled 7s of those
-    # draws lack) to another class, for about 2% error. Of five label draws,
-    # draw 2 does so with each of three network seeds and draw 3 with two
-    # (bench_mnist.py --parts seeds: 5 of 15 fits above 1.5%, against 1 of
-    # 15 for "paper").
+    # weight 1.5. Chosen among the MNIST ablations of docs/benchmarks.rst,
+    # which also give its error and how often it fails.
     "improved": _IMPROVED,
     # Recipe "improved" plus the consistency loss (consistency_weight=1, not
     # in the paper): a warped copy of the unlabeled batch, whose walk back to
-    # the labeled classes is trained toward that of the unwarped batch.
-    # Chosen on MNIST label draws 0-9, where its median test error is 0.575%
-    # with 100 labels and 0.405% with 1000 (bench_mnist.py).
-    # On draws 10-39, which played no part in the choice: 0.57% with 100
-    # labels and 0.475% with 1000, against 0.76% and 0.53% for "improved"
-    # (better on 25 and 24 of these 30 draws). Each step embeds 300 images
-    # instead of 200 (40 s a fit on an H100 against 30 s). It fails on 7 of
-    # 40 draws with 100 labels (above 1.5%), giving the crossbar 7s to
-    # another class as "improved" does on 4.
+    # the labeled classes is trained toward that of the unwarped batch. Each
+    # step embeds 1.5 times the images of "improved". Measured in
+    # docs/benchmarks.rst.
     "consistency": {**_IMPROVED, "consistency_weight": 1.0},
     # Domain adaptation as in the authors' code (SVHN -> MNIST):
     # the SVHN network on 32x32 colour inputs, 10 labeled source samples per

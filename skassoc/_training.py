@@ -9,8 +9,7 @@ on the device and read back every ``log_interval`` steps.
 
 import contextlib
 import math
-import queue
-import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -19,6 +18,8 @@ from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
 from ._augmentation import ImageAugmentation
+from ._device import autocast_context, borrowed_streams, cuda_rng_lock, own_stream
+from ._ema import WeightAverage
 from ._losses import (
     association_matrices,
     backward_transitions,
@@ -29,14 +30,13 @@ from ._losses import (
     walker_loss,
 )
 from ._networks import weight_tensors
-from ._validation import user_stacklevel
+from ._utils import user_stacklevel
 
 __all__ = [
     "TrainingConfig",
     "TrainingResult",
     "train",
-    "precision_context",
-    "seeded_rng",
+    "NonFiniteLossError",
 ]
 
 LOSS_NAMES = ("total", "walker", "visit", "logit")
@@ -87,153 +87,6 @@ class TrainingResult:
 
 class NonFiniteLossError(FloatingPointError):
     """Raised when a training loss becomes NaN or infinite."""
-
-
-# Every fit draws its batches from torch's global CUDA generator, and CUDA
-# graphs put that generator in a capture state: while one thread captures a
-# step, any other use of the generator (an eager step, a replay, a reseed) in
-# another thread fails, and so does a device-wide synchronisation (cuDNN
-# autotuning a new shape does one). Fits and predictions in threads
-# (GridSearchCV under joblib's threading backend) therefore take this lock
-# for capture, for each launch and for inference; a replay only enqueues
-# work, so holding the lock for it costs microseconds and the GPU still runs
-# the fits' steps side by side.
-_CUDA_RNG_LOCK = threading.RLock()
-
-
-# torch.cuda.Stream() hands out the streams of a fixed pool in turn (32 per
-# device), so a fit that took new streams could get one still in use by a
-# long fit in another thread, and capture that fit's work into its graph.
-# Fits therefore borrow one of ten fixed sets of three streams (30 of the
-# 32), taken from the pool once per device; an eleventh concurrent fit on
-# one device waits for a set to come back.
-MAX_CONCURRENT_CUDA_FITS = 10
-_STREAM_SETS = {}
-_STREAM_SETS_LOCK = threading.Lock()
-# The set a thread holds, per device: a fit started inside another fit of
-# the same thread reuses it instead of waiting for one of its own.
-_HELD_STREAMS = threading.local()
-
-
-@contextlib.contextmanager
-def borrowed_streams(device):
-    """Streams for one fit on ``device``: (fit, warm-up, capture)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    held = getattr(_HELD_STREAMS, "by_device", None)
-    if held is None:
-        held = _HELD_STREAMS.by_device = {}
-    if index in held:
-        yield held[index]
-        return
-    with _STREAM_SETS_LOCK:
-        free = _STREAM_SETS.get(index)
-        if free is None:
-            cuda = torch.device("cuda", index)
-            # Registered only once all sets exist: a failure here must not
-            # leave a short queue that later fits wait on forever.
-            sets = [
-                tuple(torch.cuda.Stream(cuda) for _ in range(3))
-                for _ in range(MAX_CONCURRENT_CUDA_FITS)
-            ]
-            free = queue.LifoQueue()
-            for streams in sets:
-                free.put(streams)
-            _STREAM_SETS[index] = free
-    streams = None
-    try:
-        streams = held[index] = free.get()
-        yield streams
-    finally:
-        held.pop(index, None)
-        if streams is not None:
-            free.put(streams)
-
-
-def cuda_rng_lock(device):
-    """``_CUDA_RNG_LOCK`` on a GPU; nothing on a CPU."""
-    if device.type == "cuda":
-        return _CUDA_RNG_LOCK
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def seeded_rng(seed, device):
-    """Seed torch's generators for one fit, then restore the caller's streams.
-
-    Like ``torch.random.fork_rng``, but reads and sets the CUDA state under
-    :func:`cuda_rng_lock`, so that it cannot meet another thread's capture.
-    """
-    with cuda_rng_lock(device):
-        cpu_state = torch.get_rng_state()
-        cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        torch.manual_seed(seed)
-    try:
-        yield
-    finally:
-        with cuda_rng_lock(device):
-            torch.set_rng_state(cpu_state)
-            if cuda_state is not None:
-                torch.cuda.set_rng_state(cuda_state, device)
-
-
-def cpu_has_native_bf16():
-    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX)."""
-    # torch exposes these checks only privately; without them, assume not.
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-
-
-def autocast_context(device, precision):
-    """Autocast for the network's forward pass (never for the losses)."""
-    if precision != "bf16":
-        return contextlib.nullcontext()
-    # Cached casts would be freed under a CUDA graph's feet.
-    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
-
-
-# The TF32 and cuDNN flags are process-wide. Fits and predictions in threads
-# overlap, so the flags the caller had are saved by the first one to enter
-# and restored by the last one to leave; in between, the latest to enter
-# sets them (threads should therefore share one precision).
-_PRECISION_LOCK = threading.Lock()
-_precision_users = 0
-_caller_flags = None
-
-
-@contextlib.contextmanager
-def precision_context(device, precision):
-    """Set TF32 use for the duration of a fit or predict, then restore it.
-
-    ``"fp32"`` turns TF32 off for matrix products and convolutions (PyTorch
-    leaves it on for cuDNN convolutions by default); ``"tf32"`` and ``"bf16"``
-    turn it on. cuDNN autotuning is enabled on CUDA: the step's shapes never
-    change.
-    """
-    global _precision_users, _caller_flags
-    if device.type != "cuda":
-        yield
-        return
-    allow_tf32 = precision != "fp32"
-    with _PRECISION_LOCK:
-        matmul = torch.backends.cuda.matmul.allow_tf32
-        # set_flags, as torch.backends.cudnn.flags() uses it: unlike setting
-        # the attributes, it works after torch.backends.disable_global_flags().
-        cudnn = torch.backends.cudnn.set_flags(
-            _enabled=True, _benchmark=True, _deterministic=False, _allow_tf32=allow_tf32
-        )
-        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-        if _precision_users == 0:
-            _caller_flags = (matmul, cudnn)
-        _precision_users += 1
-    try:
-        yield
-    finally:
-        with _PRECISION_LOCK:
-            _precision_users -= 1
-            if _precision_users == 0:
-                matmul, cudnn = _caller_flags
-                torch.backends.cuda.matmul.allow_tf32 = matmul
-                torch.backends.cudnn.set_flags(*cudnn)
 
 
 class _AssociationStep:
@@ -288,14 +141,13 @@ class _AssociationStep:
                     UserWarning,
                     stacklevel=user_stacklevel(),
                 )
-        # An exponential moving average of the weights, updated inside the
-        # step (so inside the CUDA graph); the model takes it at the end.
-        self.ema_params = (
-            [param.detach().clone() for param in self.params]
+        # A moving average of the weights, updated inside the step (so
+        # inside the CUDA graph); the model takes it at the end.
+        self.average = (
+            WeightAverage(self.params, config.ema_decay)
             if config.ema_decay is not None
             else None
         )
-        self._swapped_out = None
         # Device-side counters, so neither the weight ramp nor the loss
         # bookkeeping needs the host.
         self.loss_names = LOSS_NAMES
@@ -352,34 +204,19 @@ class _AssociationStep:
         return (self.step_count >= config.association_delay).float()
 
     def use_average_weights(self):
-        """Copy the moving average of the weights into the model, if kept."""
-        if self.ema_params is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(self.params, self.ema_params)
+        """Make the moving average of the weights the model's, if kept."""
+        if self.average is not None:
+            self.average.copy_to_params()
 
-    @contextlib.contextmanager
     def fitted_weights(self):
         """The weights the model would be fitted with if training ended now.
 
         With a moving average kept, its weights stand in for the current ones
-        until the context ends (copied in place: a captured graph holds the
-        parameters' addresses).
+        until the context ends.
         """
-        if self.ema_params is None:
-            yield
-            return
-        with torch.no_grad():
-            # One buffer for the current weights, kept for the next swap.
-            if self._swapped_out is None:
-                self._swapped_out = [param.detach().clone() for param in self.params]
-            else:
-                torch._foreach_copy_(self._swapped_out, self.params)
-            torch._foreach_copy_(self.params, self.ema_params)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_(self.params, self._swapped_out)
+        if self.average is None:
+            return contextlib.nullcontext()
+        return self.average.swapped_in()
 
     def __call__(self):
         config = self.config
@@ -427,11 +264,8 @@ class _AssociationStep:
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         self.optimizer.step()
-        if self.ema_params is not None:
-            with torch.no_grad():
-                torch._foreach_lerp_(
-                    self.ema_params, self.params, 1.0 - self.config.ema_decay
-                )
+        if self.average is not None:
+            self.average.update()
 
         terms = torch.stack([total, *losses]).detach()
         bad = (self.first_nonfinite_step < 0) & ~torch.isfinite(terms).all()
@@ -535,35 +369,148 @@ def train(model, batches, config, device, evaluate=None):
     NonFiniteLossError
         If a loss becomes NaN or infinite; the model is then in an undefined
         state and the caller must discard it.
+    KeyboardInterrupt
+        If interrupted before the first step completed (nothing was learned).
+        An interrupt after that ends training early instead (see
+        ``TrainingResult.interrupted``).
     """
     if device.type != "cuda":
         return _train(model, batches, config, device, None, evaluate)
-    with borrowed_streams(device) as streams, _own_stream(device, streams[0]):
+    with borrowed_streams(device) as streams, own_stream(device, streams[0]):
         return _train(model, batches, config, device, streams, evaluate)
 
 
-@contextlib.contextmanager
-def _own_stream(device, stream):
-    """Run a fit on a CUDA stream of its own (borrowed for the fit).
+class _StepRunner:
+    """Runs training steps: eagerly, or replaying one captured CUDA graph.
 
-    Fits in several threads of one process (``GridSearchCV`` under joblib's
-    threading backend) then run side by side on the GPU; on the default
-    stream they would wait for each other. Separate processes gain nothing
-    this way: the GPU time-slices between them.
+    A graph is captured after a few eager steps on a side stream (they let
+    cuDNN pick its kernels and the optimizer create its state, and they are
+    real training steps).
     """
-    caller = torch.cuda.current_stream(device)
-    stream.wait_stream(caller)
-    try:
-        with torch.cuda.stream(stream):
-            yield
-    finally:
-        caller.wait_stream(stream)
+
+    def __init__(self, step, device, streams, use_graph):
+        self.step = step
+        self.lock = cuda_rng_lock(device)
+        self.streams = streams
+        self.use_graph = use_graph
+        self.graph = None
+        self.eager_steps = 0
+
+    def __call__(self):
+        self.step.prefetch()
+        with self.lock:
+            if not self.use_graph:
+                self.step()
+            elif self.eager_steps < _GRAPH_WARMUP_STEPS:
+                self._eager_on_side_stream()
+            else:
+                if self.graph is None:
+                    self.graph = _capture(self.step, self.streams[2])
+                self.graph.replay()
+
+    def _eager_on_side_stream(self):
+        side = self.streams[1]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.eager_steps += 1
 
 
-def _rate_of_step(config, step):
-    """The learning rate of (1-based) step ``step``: StepLR's schedule."""
-    decays = (step - 1) // int(config.lr_decay_steps)
-    return float(config.learning_rate * config.lr_decay**decays)
+class _TrainingLog:
+    """The history of a run and its progress bar.
+
+    Loss sums stay on the device and are read back every ``log_interval``
+    steps (one host synchronisation each time).
+    """
+
+    def __init__(self, step, config, evaluate):
+        self.step = step
+        self.config = config
+        self.evaluate = evaluate
+        self.history = {"step": [], "learning_rate": []}
+        self.history.update({name: [] for name in step.loss_names})
+        if evaluate is not None:
+            self.history["validation_step"] = []
+            self.history["validation_score"] = []
+        self.logged_until = 0
+        self.started = time.perf_counter()
+        # The bar stays on screen when training ends: it is the record of
+        # what the fit did (steps, time, last losses).
+        self.progress = tqdm(
+            total=config.max_iter, disable=not config.verbose, desc="skassoc"
+        )
+
+    def after_step(self, completed, scheduler):
+        """Record what is due after step ``completed`` (1-based).
+
+        Called before ``scheduler`` steps, so it holds that step's rate.
+        """
+        last = completed == self.config.max_iter
+        if completed % self.config.log_interval == 0 or last:
+            self.read_losses(completed, _learning_rate(scheduler))
+        if self.evaluate is not None and (
+            completed % self.config.validation_interval == 0 or last
+        ):
+            self.validate(completed)
+
+    def read_losses(self, completed, learning_rate):
+        """Move the loss sums since the last read into the history."""
+        n_steps = completed - self.logged_until
+        if n_steps <= 0:
+            return
+        step = self.step
+        sums = step.loss_sum.tolist()
+        first_bad = int(step.first_nonfinite_step.item())
+        if first_bad >= 0:
+            raise NonFiniteLossError(
+                f"The training loss became NaN or infinite at step {first_bad + 1}. "
+                "The learning rate is likely too high for this data, or the "
+                "inputs are on an extreme scale (for a custom network, scale "
+                "them first); lower learning_rate or rescale X."
+            )
+        step.loss_sum.zero_()
+        means = dict(zip(step.loss_names, (v / n_steps for v in sums), strict=True))
+        self.history["step"].append(completed)
+        self.history["learning_rate"].append(float(learning_rate))
+        for name, value in means.items():
+            self.history[name].append(value)
+        self.logged_until = completed
+        self.progress.update(n_steps)
+        self._show()
+
+    def validate(self, completed):
+        """Score the weights the model would be fitted with after ``completed``."""
+        model = self.step.model
+        with self.step.fitted_weights():
+            model.eval()
+            try:
+                score = self.evaluate()
+            finally:
+                model.train()
+        self.history["validation_step"].append(completed)
+        self.history["validation_score"].append(float(score))
+        self._show()
+
+    def _show(self):
+        if not self.config.verbose:
+            return
+        shown = {name: self.history[name][-1] for name in self.step.loss_names}
+        if self.config.verbose >= 2:
+            shown["lr"] = self.history["learning_rate"][-1]
+            if self.history.get("validation_score"):
+                shown["val"] = self.history["validation_score"][-1]
+        self.progress.set_postfix(
+            {name: f"{value:.3g}" for name, value in shown.items()}, refresh=False
+        )
+
+    def close(self):
+        self.progress.close()
+
+
+def _learning_rate(scheduler):
+    """The scheduler's current rate as a float (a tensor rate is read back)."""
+    return float(scheduler.get_last_lr()[0])
 
 
 def _train(model, batches, config, device, streams, evaluate):
@@ -575,111 +522,35 @@ def _train(model, batches, config, device, streams, evaluate):
         optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
     )
     step = _AssociationStep(model, batches, optimizer, config, device)
-    history = {"step": [], "learning_rate": []}
-    history.update({name: [] for name in step.loss_names})
-    if evaluate is not None:
-        history["validation_step"] = []
-        history["validation_score"] = []
-    result = TrainingResult(n_iter=0, history=history)
-    progress = tqdm(
-        total=config.max_iter, disable=not config.verbose, desc="skassoc", leave=False
-    )
-    logged_until = 0
-
-    def read_losses(completed):
-        nonlocal logged_until
-        n_steps = completed - logged_until
-        if n_steps <= 0:
-            return
-        sums = step.loss_sum.tolist()
-        first_bad = int(step.first_nonfinite_step.item())
-        if first_bad >= 0:
-            raise NonFiniteLossError(
-                f"The training loss became NaN or infinite at step {first_bad + 1}. "
-                "The learning rate is likely too high for this data, or the "
-                "inputs are on an extreme scale (for a custom network, scale "
-                "them first); lower learning_rate or rescale X."
-            )
-        step.loss_sum.zero_()
-        means = [value / n_steps for value in sums]
-        history["step"].append(completed)
-        # The rate of the last step run (the scheduler may have moved past it).
-        history["learning_rate"].append(_rate_of_step(config, completed))
-        for name, value in zip(step.loss_names, means, strict=True):
-            history[name].append(value)
-        logged_until = completed
-        progress.update(n_steps)
-        progress.set_postfix(
-            {name: f"{v:.3f}" for name, v in zip(step.loss_names, means, strict=True)}
-        )
-
-    def validate(completed):
-        """Score the model after step ``completed`` when a score is due."""
-        if evaluate is None:
-            return
-        due = completed % config.validation_interval == 0
-        if not (due or completed == config.max_iter):
-            return
-        with step.fitted_weights():
-            model.eval()
-            try:
-                score = evaluate()
-            finally:
-                model.train()
-        history["validation_step"].append(completed)
-        history["validation_score"].append(float(score))
-
-    graph = None
-    completed = 0
+    run_step = _StepRunner(step, device, streams, use_graph)
+    log = _TrainingLog(step, config, evaluate)
+    completed, interrupted = 0, False
     try:
-        lock = cuda_rng_lock(device)
-        if use_graph:
-            # Eager warm-up steps on a side stream, then the capture.
-            _, side, capture_stream = streams
-            with lock:
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    while completed < min(_GRAPH_WARMUP_STEPS, config.max_iter):
-                        step.prefetch()
-                        step()
-                        completed += 1
-                        scheduler.step()
-                        _keep_lr_tensor(optimizer, lr_tensors)
-                        validate(completed)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = _capture(step, capture_stream)
         while completed < config.max_iter:
-            step.prefetch()
-            with lock:
-                if graph is not None:
-                    graph.replay()
-                else:
-                    step()
+            run_step()
             completed += 1
-            if completed % config.log_interval == 0 or completed == config.max_iter:
-                read_losses(completed)
+            log.after_step(completed, scheduler)
             scheduler.step()
             if use_graph:
                 _keep_lr_tensor(optimizer, lr_tensors)
-            validate(completed)
-        # A run no longer than the graph's eager warm-up never enters the
-        # loop: its losses still need reading (and checking for NaN).
-        read_losses(completed)
     except KeyboardInterrupt:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        result.interrupted = True
+        if completed == 0:
+            raise
+        interrupted = True
         # The losses of the steps that did complete are still worth keeping;
         # a loss that went non-finite before the interrupt still raises.
-        read_losses(completed)
+        log.read_losses(completed, _learning_rate(scheduler))
     finally:
-        progress.close()
+        log.close()
     step.use_average_weights()
     # The last step's gradients are of no use to the fitted model.
     optimizer.zero_grad(set_to_none=True)
-    result.n_iter = completed
     model.eval()
-    return result
+    return TrainingResult(
+        n_iter=completed, history=log.history, interrupted=interrupted
+    )
 
 
 def default_log_interval(max_iter):

@@ -13,7 +13,7 @@ import torch
 from sklearn.utils.validation import check_is_fitted
 
 from ._losses import association_matrices
-from ._validation import is_integer
+from ._utils import is_integer
 
 __all__ = ["plot_association_graph", "plot_nearest_neighbors"]
 

@@ -97,7 +97,7 @@ def test_memory_maps_are_used_where_they_are(
         X_fit = mapped = write_memmap(tmp_path / "X.npy", X_ref)
         params = {"network": "mnist"}
     monkeypatch.setattr(_RecordingHostBatches, "inputs_seen", [])
-    monkeypatch.setattr(skassoc._classifier, "HostBatches", _RecordingHostBatches)
+    monkeypatch.setattr(skassoc._batches, "HostBatches", _RecordingHostBatches)
     params = {**SMALL_IMAGE_FIT, **params, "max_iter": 10}
     from_disk = SemiSupervisedAssociationClassifier(**params).fit(X_fit, y_semi)
     (inputs,) = _RecordingHostBatches.inputs_seen
@@ -199,15 +199,15 @@ class _CountingCheckpoint:
 
 def _with_chunk_size(monkeypatch, chunk_size):
     """Make the estimator's training runs embed in chunks of ``chunk_size``."""
-    original = SemiSupervisedAssociationClassifier._training_config
+    original = skassoc._classifier.resolve_fit_settings
 
-    def training_config(self, *args, **kwargs):
-        config = original(self, *args, **kwargs)
-        config.embedding_chunk_size = chunk_size
-        return config
+    def resolve_fit_settings(*args, **kwargs):
+        settings = original(*args, **kwargs)
+        settings.training.embedding_chunk_size = chunk_size
+        return settings
 
     monkeypatch.setattr(
-        SemiSupervisedAssociationClassifier, "_training_config", training_config
+        skassoc._classifier, "resolve_fit_settings", resolve_fit_settings
     )
     spy = _CountingCheckpoint(skassoc._training.checkpoint)
     monkeypatch.setattr(skassoc._training, "checkpoint", spy)

@@ -38,7 +38,8 @@ def test_output_shapes_and_dtypes(fitted, blobs):
     X, y = blobs
     proba = fitted.predict_proba(X)
     assert proba.shape == (len(X), 3)
-    assert proba.dtype == np.float32
+    # float64, as scikit-learn's classifiers return.
+    assert proba.dtype == np.float64
     assert np.all(proba >= 0)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=0, atol=1e-5)
 

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.utils._param_validation import InvalidParameterError
 
+import skassoc._device
 import skassoc._sampling
 import skassoc._training
 from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._settings import _compile_options
 from skassoc._training import NonFiniteLossError
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -293,25 +295,28 @@ def test_unknown_compile_option_rejected_before_training(
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
 def test_compile_modes_with_graphs_of_their_own_need_no_cuda_graph(fast_params, mode):
-    cuda = torch.device("cuda")
-    clf = make_clf(fast_params, compile={"mode": mode})
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+
+    def options(device, **params):
+        clf = make_clf(fast_params, **params)
+        return _compile_options(clf.compile, clf.cuda_graph, device)
+
     with pytest.raises(ValueError, match="captures CUDA graphs of its own"):
-        clf._compile_options(cuda)
+        options(cuda, compile={"mode": mode})
     # Without skassoc's graph (or on a CPU), the mode is torch.compile's to run.
-    assert clf.set_params(cuda_graph=False)._compile_options(cuda) == {"mode": mode}
-    clf.set_params(cuda_graph="auto")
-    assert clf._compile_options(torch.device("cpu")) == {"mode": mode}
-    assert make_clf(fast_params, compile=True)._compile_options(cuda) == {}
-    assert make_clf(fast_params)._compile_options(cuda) is None
+    assert options(cuda, compile={"mode": mode}, cuda_graph=False) == {"mode": mode}
+    assert options(cpu, compile={"mode": mode}) == {"mode": mode}
+    assert options(cuda, compile=True) == {}
+    assert options(cuda) is None
     graphs = {"options": {"triton.cudagraphs": True}}
     with pytest.raises(ValueError, match="option 'triton.cudagraphs' captures"):
-        make_clf(fast_params, compile=graphs)._compile_options(cuda)
+        options(cuda, compile=graphs)
     both = {"mode": "default", "options": {"max_autotune": True}}
     with pytest.raises(ValueError, match="'mode' or 'options', not both"):
-        make_clf(fast_params, compile=both)._compile_options(torch.device("cpu"))
+        options(cpu, compile=both)
     # NumPy booleans pass parameter validation, and mean what they say.
-    assert make_clf(fast_params, compile=np.True_)._compile_options(cuda) == {}
-    assert make_clf(fast_params, compile=np.False_)._compile_options(cuda) is None
+    assert options(cuda, compile=np.True_) == {}
+    assert options(cuda, compile=np.False_) is None
 
 
 @pytest.mark.parametrize(
@@ -717,8 +722,8 @@ def test_overlapping_precision_contexts_restore_the_callers_flags():
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.allow_tf32 = False
         caller = flags()
-        first = skassoc._training.precision_context(cuda, "fp32")
-        second = skassoc._training.precision_context(cuda, "tf32")
+        first = skassoc._device.precision_context(cuda, "fp32")
+        second = skassoc._device.precision_context(cuda, "tf32")
         first.__enter__()
         assert flags() == (False, True, False, False)
         second.__enter__()
@@ -747,7 +752,7 @@ def test_precision_context_works_with_frozen_torch_flags(monkeypatch):
         flags_module_globals, "__allow_nonbracketed_mutation_flag", False
     )
     assert torch.backends.flags_frozen()
-    with skassoc._training.precision_context(cuda, "fp32"):
+    with skassoc._device.precision_context(cuda, "fp32"):
         assert torch.backends.cudnn.benchmark
         assert not torch.backends.cudnn.allow_tf32
     assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32) == before
@@ -763,7 +768,7 @@ def _stand_in_streams(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Stream", stream)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(skassoc._training, "_STREAM_SETS", {})
+    monkeypatch.setattr(skassoc._device, "_STREAM_SETS", {})
     return made
 
 
@@ -773,8 +778,8 @@ def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
     # and an extra fit waits for a set to come back. No GPU is needed to
     # check the bookkeeping: streams are stand-in objects here.
     made = _stand_in_streams(monkeypatch)
-    limit = skassoc._training.MAX_CONCURRENT_CUDA_FITS
-    borrow = skassoc._training.borrowed_streams
+    limit = skassoc._device.MAX_CONCURRENT_CUDA_FITS
+    borrow = skassoc._device.borrowed_streams
     got, release = {}, [threading.Event() for _ in range(limit + 1)]
     holding = threading.Semaphore(0)
 
@@ -804,7 +809,7 @@ def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
 
 def test_nested_cuda_fits_reuse_their_threads_streams(monkeypatch):
     _stand_in_streams(monkeypatch)
-    borrow = skassoc._training.borrowed_streams
+    borrow = skassoc._device.borrowed_streams
     cuda = torch.device("cuda")
     with borrow(cuda) as outer:
         # A fit inside a fit (e.g. from user code) would otherwise wait for
@@ -814,8 +819,8 @@ def test_nested_cuda_fits_reuse_their_threads_streams(monkeypatch):
         with borrow(cuda) as again:
             assert again is outer
     # Back in the queue: all sets free again.
-    free = skassoc._training._STREAM_SETS[0]
-    assert free.qsize() == skassoc._training.MAX_CONCURRENT_CUDA_FITS
+    free = skassoc._device._STREAM_SETS[0]
+    assert free.qsize() == skassoc._device.MAX_CONCURRENT_CUDA_FITS
 
 
 def test_failed_stream_creation_leaves_no_short_stream_queue(monkeypatch):
@@ -829,16 +834,16 @@ def test_failed_stream_creation_leaves_no_short_stream_queue(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Stream", stream)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(skassoc._training, "_STREAM_SETS", {})
-    borrow = skassoc._training.borrowed_streams
+    monkeypatch.setattr(skassoc._device, "_STREAM_SETS", {})
+    borrow = skassoc._device.borrowed_streams
     with pytest.raises(RuntimeError, match="CUDA error"):
         with borrow(torch.device("cuda")):
             pass
     # The next fit makes all sets afresh instead of waiting on a short queue.
     with borrow(torch.device("cuda")) as streams:
         assert len(streams) == 3
-    free = skassoc._training._STREAM_SETS[0]
-    assert free.qsize() == skassoc._training.MAX_CONCURRENT_CUDA_FITS
+    free = skassoc._device._STREAM_SETS[0]
+    assert free.qsize() == skassoc._device.MAX_CONCURRENT_CUDA_FITS
 
 
 def test_history_is_bounded(fast_params, blobs):

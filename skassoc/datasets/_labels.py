@@ -5,7 +5,8 @@ import numbers
 import numpy as np
 from sklearn.utils import check_random_state
 
-from .._validation import check_label_types, is_integer
+from .._inputs import check_label_types
+from .._utils import is_integer
 
 __all__ = ["make_semi_supervised_labels"]
 

@@ -1,10 +1,8 @@
-"""Checks and conversions of user inputs: samples, image shapes, labels, device."""
+"""Checks and conversions of user inputs: samples, image shapes and labels."""
 
-import inspect
 import math
-import numbers
-import os
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,6 +14,8 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
+from ._utils import is_integer, user_stacklevel
+
 __all__ = [
     "UNLABELED",
     "as_tensor",
@@ -24,20 +24,16 @@ __all__ = [
     "encode_semi_supervised_labels",
     "unlabeled_mask",
     "check_label_types",
-    "resolve_device",
     "check_sample_shape",
     "validate_memory_map",
+    "TrainingData",
+    "validate_training_inputs",
+    "inputs_like_training",
+    "unfitted_copy",
 ]
 
 #: The label that marks an unlabeled sample (scikit-learn's convention).
 UNLABELED = -1
-
-
-def is_integer(value):
-    """Whether ``value`` is an integer (NumPy's included) and not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(
-        value, (bool, np.bool_)
-    )
 
 
 def split_sample_shape(X):
@@ -48,6 +44,7 @@ def split_sample_shape(X):
     reshaped again afterwards. Other inputs (lists, DataFrames) are returned
     as they are, with ``None`` for the shape.
     """
+    X = _from_torch(X)
     if isinstance(X, (list, tuple)):
         # A nested list of images: read its shape as NumPy would. Ragged or
         # otherwise odd lists go on as they are, for scikit-learn's message.
@@ -68,6 +65,27 @@ def split_sample_shape(X):
         # the empty batch must reach validation to get a useful message.
         return X.reshape(X.shape[0], math.prod(X.shape[1:])), tuple(X.shape[1:])
     return X, None
+
+
+def _from_torch(X):
+    """A NumPy array from a torch tensor; a clear error for datasets and loaders.
+
+    Tensors that track gradients, live on a GPU or hold bfloat16 (which NumPy
+    lacks) are detached, moved and widened to float32 first.
+    """
+    if isinstance(X, torch.Tensor):
+        X = X.detach().cpu()
+        if X.dtype in (torch.bfloat16, torch.float16):
+            X = X.float()
+        return X.numpy()
+    if isinstance(X, (torch.utils.data.Dataset, torch.utils.data.DataLoader)):
+        raise TypeError(
+            f"X is a torch {type(X).__name__}; skassoc draws its own batches "
+            "from arrays. Pass the samples as one array (for a Dataset of "
+            "(x, y) pairs: np.stack([x for x, _ in dataset]) and the labels "
+            "likewise), or a numpy.memmap for data larger than memory."
+        )
+    return X
 
 
 def validate_memory_map(estimator, X, y):
@@ -224,18 +242,19 @@ def check_sample_shape(sample_shape, image_shape, n_features):
 
 
 def as_tensor(array):
-    """A torch view of a NumPy array, read-only arrays included.
+    """A torch view of a NumPy array where torch can view it, else a copy.
 
-    torch warns on read-only arrays (memory maps, ``np.frombuffer``) because
-    writing through the tensor would be undefined; skassoc never writes into
-    its inputs, so the view is safe and spares a copy.
+    torch warns on read-only arrays (its view could be written through) and
+    cannot view reversed or non-native byte order arrays: those are copied.
+    Copying is the thread-safe way round the warning: silencing it would
+    change the process-wide warning filters under other threads' feet.
     """
-    if isinstance(array, np.ndarray) and any(step < 0 for step in array.strides):
-        # torch cannot view reversed arrays (X[::-1], np.flip): copy those.
-        array = np.ascontiguousarray(array)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*not writable.*")
-        return torch.as_tensor(array)
+    if isinstance(array, np.ndarray):
+        if not array.dtype.isnative:
+            array = array.astype(array.dtype.newbyteorder("="))
+        if any(step < 0 for step in array.strides) or not array.flags.writeable:
+            array = np.array(array)
+    return torch.as_tensor(array)
 
 
 def to_model_layout(rows, image_shape):
@@ -334,53 +353,156 @@ def encode_semi_supervised_labels(y):
     return classes, encoded
 
 
-def resolve_device(device):
-    """Turn the ``device`` parameter into a :class:`torch.device` that exists here."""
-    if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(
-            f"device={device!r} is not a device torch knows; use 'auto', 'cpu', "
-            "'cuda' or 'cuda:N'."
-        ) from exc
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"device={device!r} but CUDA is not available on this machine "
-                "(no GPU, or torch was built without CUDA). Use device='cpu' or "
-                "device='auto'."
-            )
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device={device!r} but this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s)."
-            )
-    elif resolved.type != "cpu":
-        raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
-    return resolved
+def is_memory_map(X):
+    """Whether ``X`` is (a view of) a :class:`numpy.memmap`."""
+    while X is not None:
+        if isinstance(X, np.memmap):
+            return True
+        X = getattr(X, "base", None)
+    return False
 
 
-def user_stacklevel():
-    """The ``stacklevel`` that points a warning at the first caller outside skassoc.
-
-    For warnings raised deep inside ``fit``: how deep depends on the code
-    path (and on scikit-learn's wrappers), so count the frames instead.
-    """
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    sklearn_base = os.path.join("sklearn", "base.py")
-    frame = inspect.currentframe()
-    level = 0
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        ours = filename.startswith(package)
-        # scikit-learn's decorator around fit (_fit_context) is not the caller.
-        fit_wrapper = filename.endswith(sklearn_base) and frame.f_code.co_name == (
-            "wrapper"
+def warn_if_channels_last(sample_shape):
+    """Warn when images look like (h, w, c) but will be read as (c, h, w)."""
+    if sample_shape is None or len(sample_shape) != 3:
+        return
+    channels, height, width = sample_shape
+    if channels > 4 and width in (1, 3, 4):
+        warnings.warn(
+            f"X holds images of shape {tuple(sample_shape)}, read as (channels, "
+            f"height, width) = ({channels}, {height}, {width}). If they are "
+            "channels-last (height, width, channels) images, pass "
+            "np.moveaxis(X, -1, 1) instead.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
         )
-        if not (ours or fit_wrapper):
-            break
-        frame = frame.f_back
-        level += 1
-    return max(level, 1)
+
+
+def warn_if_marker_wrapped(y):
+    """Warn when an unsigned ``y`` looks like ``-1`` wrapped round to its maximum.
+
+    ``np.where(mask, y_uint8, -1)`` gives 255, not -1, under NumPy 2: the
+    unlabeled samples then become one large extra class. An unsigned label
+    array whose largest value marks most samples is almost always that.
+    """
+    if y.dtype.kind != "u" or len(y) == 0:
+        return
+    top = y.max()
+    if top == np.iinfo(y.dtype).max and np.count_nonzero(y == top) > len(y) / 2:
+        warnings.warn(
+            f"y is {y.dtype} and {np.count_nonzero(y == top)} of its {len(y)} "
+            f"labels are {top}, its largest value: is that -1 wrapped round "
+            "(np.where(mask, y, -1) on unsigned labels)? Those samples are "
+            f"trained as labeled class {top}. Build y as signed integers: "
+            "np.where(mask, y.astype(np.int64), -1).",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
+def unfitted_copy(estimator, **fitted):
+    """A parameter-only copy of ``estimator`` for scikit-learn's checks.
+
+    ``validate_data`` records the number and names of the features on the
+    estimator it is given; a fit hands it this copy, so that the estimator's
+    own fitted state changes only once training has succeeded. ``fitted``
+    sets attributes (such as ``n_features_in_``) for checks at inference.
+    """
+    probe = type(estimator).__new__(type(estimator))
+    probe.__dict__.update(estimator.get_params(deep=False))
+    probe.__dict__.update(fitted)
+    return probe
+
+
+@dataclass
+class TrainingData:
+    """Validated training inputs, in the layout the network takes.
+
+    Attributes
+    ----------
+    data : ndarray or numpy.memmap
+        Every sample: rows for feature vectors, ``(n, c, h, w)`` for images.
+        A memory map is the caller's own (never copied).
+    encoded : ndarray of shape (n_samples,)
+        Index into ``classes`` of every sample, ``-1`` for unlabeled ones.
+    classes : ndarray of shape (n_classes,)
+        Sorted labels of the labeled samples.
+    image_shape : tuple of int or None
+        ``(channels, height, width)`` of one image; None for feature rows.
+    n_features : int
+        Values in one sample.
+    feature_names : ndarray or None
+        Column names of a DataFrame ``X`` (scikit-learn's rules), else None.
+    on_host : bool
+        Whether ``data`` is a memory map that batches are gathered from.
+    """
+
+    data: object
+    encoded: np.ndarray
+    classes: np.ndarray
+    image_shape: tuple | None
+    n_features: int
+    feature_names: object = None
+    on_host: bool = False
+
+    @property
+    def images(self):
+        """Whether the samples are images."""
+        return self.image_shape is not None
+
+
+def validate_training_inputs(estimator, X, y):
+    """Check ``fit``'s ``X`` and ``y``; the estimator itself is left untouched.
+
+    Parameters
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        Gives ``input_shape`` and scikit-learn's input tags.
+    X, y
+        As passed to ``fit``.
+
+    Returns
+    -------
+    inputs : TrainingData
+    """
+    probe = unfitted_copy(estimator)
+    on_host = is_memory_map(X)
+    if on_host:
+        # Validated and used where it is: never copied or read whole.
+        y = validate_memory_map(probe, X, y)
+        sample_shape = tuple(X.shape[1:]) if X.ndim > 2 else None
+    else:
+        rows, sample_shape = split_sample_shape(X)
+        rows, y = validate_data(probe, rows, y, dtype="numeric", y_numeric=False)
+    n_features = probe.n_features_in_
+    image_shape = resolve_image_shape(sample_shape, estimator.input_shape, n_features)
+    if estimator.input_shape is None:
+        warn_if_channels_last(sample_shape)
+    warn_if_marker_wrapped(y)
+    classes, encoded = encode_semi_supervised_labels(y)
+    if on_host:
+        # Adding the channel axis of (n, h, w) images is a view, never a copy.
+        data = X if image_shape is None else X.reshape(len(X), *image_shape)
+    else:
+        data = to_model_layout(rows, image_shape)
+    return TrainingData(
+        data=data,
+        encoded=encoded,
+        classes=classes,
+        image_shape=image_shape,
+        n_features=n_features,
+        feature_names=getattr(probe, "feature_names_in_", None),
+        on_host=on_host,
+    )
+
+
+def inputs_like_training(probe, X, image_shape):
+    """``X`` checked against the training inputs, in the model's layout.
+
+    ``probe`` carries the fitted ``n_features_in_`` (and
+    ``feature_names_in_``) that scikit-learn's checks compare ``X`` with.
+    """
+    rows, sample_shape = split_sample_shape(X)
+    rows = validate_data(probe, rows, dtype="numeric", reset=False)
+    check_sample_shape(sample_shape, image_shape, probe.n_features_in_)
+    return to_model_layout(rows, image_shape)

@@ -1,0 +1,386 @@
+"""Resolve an estimator's parameters into the settings of one fit.
+
+Every ``"auto"`` value and every check that involves more than one parameter
+(or a parameter and the data) lives here, so that ``fit`` reads as the
+recipe: validated inputs in, :class:`FitSettings` out.
+"""
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.utils import check_random_state
+
+from ._augmentation import resolve_augmentation
+from ._device import cpu_has_native_bf16, resolve_device
+from ._image_format import check_image_size
+from ._model import ModelSpec, is_builtin, spec_of_model
+from ._networks import NETWORKS, auto_network_name
+from ._training import TrainingConfig, default_log_interval
+from ._utils import is_integer
+
+__all__ = ["FitSettings", "resolve_fit_settings"]
+
+# The authors' code decays the logit layer's weights by 1e-4 for every network.
+LOGIT_L2_SCALE = 1e-4
+# L2 scale of a custom module with l2_scale="auto".
+CUSTOM_L2_SCALE = 1e-4
+#: The keyword arguments of torch.compile that ``compile`` may hold.
+COMPILE_ARGUMENTS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options"})
+#: torch.compile modes that capture CUDA graphs of their own.
+GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+# Steps of max_iter="auto": the paper's 20,000 on a GPU; on a CPU, enough for
+# a useful model in minutes.
+AUTO_MAX_ITER = {"cuda": 20_000, "cpu": 2_000, "mps": 2_000}
+AUTO_PREDICT_BATCH_SIZE = {"cuda": 8192, "cpu": 1024, "mps": 1024}
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """Everything one fit needs beyond the data, with no ``"auto"`` left.
+
+    Attributes
+    ----------
+    device : torch.device
+    seed : int
+        Seeds torch's generators for the fit.
+    spec : ModelSpec
+        The network to build (``embedding_dim`` of a custom module is probed
+        when it is built).
+    warm_start : bool
+        Whether training continues from the previous fit's weights.
+    labeled_per_class, unlabeled_batch_size : int
+    unlabeled_sampling : str
+    training : TrainingConfig
+        The training loop's hyperparameters.
+    """
+
+    device: torch.device
+    seed: int
+    spec: ModelSpec
+    warm_start: bool
+    labeled_per_class: int
+    unlabeled_batch_size: int
+    unlabeled_sampling: str
+    training: TrainingConfig
+
+
+def resolve_fit_settings(estimator, inputs, previous=None):
+    """The settings of fitting ``estimator`` on ``inputs``.
+
+    Parameters
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        Its parameters, already validated one by one.
+    inputs : TrainingData
+        The validated training data.
+    previous : FittedState, default=None
+        The fit to continue from with ``warm_start=True``.
+
+    Raises
+    ------
+    ValueError
+        If parameters contradict each other or the data.
+    """
+    device = resolve_device(estimator.device)
+    _check_hidden_layer_sizes(estimator.hidden_layer_sizes)
+    _check_image_options(estimator, inputs.image_shape)
+    augmentation = _check_augmentation(estimator, inputs.image_shape)
+    spec = _model_spec(estimator, inputs)
+    if previous is not None:
+        _check_warm_start(estimator, inputs, spec, previous)
+        spec = _fitted_spec(previous)
+    max_iter = _resolve_auto(estimator.max_iter, AUTO_MAX_ITER, device)
+    precision = resolve_precision(estimator.precision, device, inputs.images)
+    seed = check_random_state(estimator.random_state).randint(np.iinfo(np.int32).max)
+    training = TrainingConfig(
+        max_iter=max_iter,
+        learning_rate=float(estimator.learning_rate),
+        lr_decay=float(estimator.lr_decay),
+        lr_decay_steps=_resolve_lr_decay_steps(estimator.lr_decay_steps, max_iter),
+        walker_weight=float(estimator.walker_weight),
+        visit_weight=float(estimator.visit_weight),
+        logit_weight=float(estimator.logit_weight),
+        association_delay=estimator.association_delay,
+        association_ramp_steps=estimator.association_ramp_steps,
+        l2_scale=_resolve_l2_scale(estimator.l2_scale, spec.network),
+        logit_l2_scale=LOGIT_L2_SCALE,
+        precision=precision,
+        cuda_graph=device.type == "cuda" and estimator.cuda_graph in ("auto", True),
+        channels_last=inputs.images,
+        log_interval=default_log_interval(max_iter),
+        verbose=estimator.verbose,
+        augmentation=augmentation,
+        consistency_weight=float(estimator.consistency_weight),
+        ema_decay=estimator.ema_decay,
+        validation_interval=estimator.validation_interval,
+        compile=_compile_options(estimator.compile, estimator.cuda_graph, device),
+    )
+    return FitSettings(
+        device=device,
+        seed=int(seed),
+        spec=spec,
+        warm_start=previous is not None,
+        labeled_per_class=estimator.labeled_per_class,
+        unlabeled_batch_size=estimator.unlabeled_batch_size,
+        unlabeled_sampling=estimator.unlabeled_sampling,
+        training=training,
+    )
+
+
+def resolve_precision(precision, device, images):
+    """The arithmetic of ``precision="auto"`` on ``device``."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "tf32"
+    # bf16 convolutions roughly double a CPU's speed where it has native
+    # bf16 arithmetic; elsewhere they are emulated and slower.
+    if device.type == "cpu" and images and cpu_has_native_bf16():
+        return "bf16"
+    return "fp32"
+
+
+def resolve_predict_batch_size(value, device):
+    """Samples per forward pass at inference (``"auto"`` by device)."""
+    return _resolve_auto(value, AUTO_PREDICT_BATCH_SIZE, device)
+
+
+def _resolve_auto(value, defaults, device):
+    return defaults[device.type] if value == "auto" else value
+
+
+def _resolve_lr_decay_steps(lr_decay_steps, max_iter):
+    # "auto": a quarter of the run (5,000 of the paper's 20,000 steps).
+    if lr_decay_steps == "auto":
+        return max(1, round(max_iter / 4))
+    return lr_decay_steps
+
+
+def _resolve_l2_scale(l2_scale, network):
+    if l2_scale != "auto":
+        return float(l2_scale)
+    if network in NETWORKS:
+        return float(NETWORKS[network].default_l2_scale)
+    return CUSTOM_L2_SCALE
+
+
+def _model_spec(estimator, inputs):
+    """The network ``fit`` builds for ``inputs`` (a custom one's width unknown)."""
+    network = estimator.network
+    spec = ModelSpec(
+        network="custom" if isinstance(network, torch.nn.Module) else network,
+        input_shape=inputs.image_shape,
+        n_features=inputs.n_features,
+        n_classes=len(inputs.classes),
+        embedding_dim=estimator.embedding_dim,
+        hidden_layer_sizes=tuple(int(w) for w in estimator.hidden_layer_sizes),
+        image_size=check_image_size(estimator.image_size),
+        image_channels=estimator.image_channels,
+    )
+    if spec.network == "auto":
+        spec = _replace(spec, network=auto_network_name(spec.network_shape))
+    if spec.network != "mlp":
+        spec = _replace(spec, hidden_layer_sizes=())
+    return spec
+
+
+def _fitted_spec(previous):
+    """The spec of the network a previous fit built (for warm starts)."""
+    return spec_of_model(
+        previous.model, previous.network, previous.input_shape, previous.n_features_in
+    )
+
+
+def _replace(spec, **changes):
+    return ModelSpec(**{**spec.__dict__, **changes})
+
+
+def _check_hidden_layer_sizes(sizes):
+    if not all(is_integer(width) and width >= 1 for width in sizes):
+        raise ValueError(
+            "hidden_layer_sizes must hold positive ints (the width of each "
+            f"hidden layer of the MLP); got {sizes!r}."
+        )
+
+
+def _check_image_options(estimator, image_shape):
+    image_size = check_image_size(estimator.image_size)
+    if image_shape is None and (
+        image_size is not None or estimator.image_channels is not None
+    ):
+        raise ValueError(
+            "image_size and image_channels need image inputs; pass X as "
+            "(n, h, w) or (n, c, h, w) images, or set input_shape for flat "
+            "rows."
+        )
+    if image_shape is not None and estimator.image_channels is not None:
+        if image_shape[0] not in (1, 3):
+            raise ValueError(
+                f"image_channels={estimator.image_channels} converts between "
+                f"grey (1 channel) and colour (3); the images have "
+                f"{image_shape[0]} channels. Leave image_channels=None for them."
+            )
+
+
+def _check_augmentation(estimator, image_shape):
+    """The full augmentation settings, after the checks against the data."""
+    augmentation = resolve_augmentation(estimator.augmentation)
+    if augmentation is not None and image_shape is None:
+        raise ValueError(
+            "augmentation needs image inputs; pass X as (n, h, w) or "
+            "(n, c, h, w) images, or set input_shape for flat rows."
+        )
+    if (
+        augmentation is not None
+        and augmentation["blur_probability"] > 0
+        and min(image_shape[1:]) < 4
+    ):
+        raise ValueError(
+            "The augmentation's 7x7 blur reflects 3 pixels at the borders, "
+            f"so it needs images of at least 4x4 pixels; these are "
+            f"{image_shape[1]}x{image_shape[2]}. Set "
+            "augmentation['blur_probability'] = 0 for them."
+        )
+    if estimator.consistency_weight > 0 and augmentation is None:
+        raise ValueError(
+            f"consistency_weight={estimator.consistency_weight} compares every "
+            "unlabeled image with a random augmentation of it, but "
+            "augmentation is None. Set augmentation (e.g. 'paper', or "
+            "{'unlabeled': False} to warp the labeled batch and the second "
+            "copy only), or set consistency_weight=0."
+        )
+    return augmentation
+
+
+def _check_warm_start(estimator, inputs, spec, previous):
+    """Refuse a warm start whose data or network differ from the previous fit's."""
+    before = (previous.n_features_in, previous.input_shape)
+    if (inputs.n_features, inputs.image_shape) != before:
+        raise ValueError(
+            "warm_start=True needs inputs shaped like those of the previous "
+            f"fit ({before[0]} features, image shape {before[1]}); got "
+            f"{inputs.n_features} features, image shape {inputs.image_shape}. "
+            "Set warm_start=False to train a new model."
+        )
+    if not np.array_equal(inputs.classes, previous.classes):
+        raise ValueError(
+            "warm_start=True needs the classes of the previous fit "
+            f"({previous.classes.tolist()}); got {inputs.classes.tolist()}. Set "
+            "warm_start=False to train a new model."
+        )
+    fitted = _fitted_spec(previous)
+    wanted = {
+        "image_size": spec.image_size,
+        "image_channels": spec.image_channels,
+        "network": spec.network,
+    }
+    had = {
+        "image_size": fitted.image_size,
+        "image_channels": fitted.image_channels,
+        "network": fitted.network,
+    }
+    if spec.network == "custom" and fitted.network != "custom":
+        wanted["network"] = "a module"
+    if spec.network == fitted.network != "custom":
+        wanted["embedding_dim"], had["embedding_dim"] = (
+            spec.embedding_dim,
+            fitted.embedding_dim,
+        )
+    if spec.network == fitted.network == "mlp":
+        wanted["hidden_layer_sizes"] = spec.hidden_layer_sizes
+        had["hidden_layer_sizes"] = fitted.hidden_layer_sizes
+    changed = [name for name in wanted if wanted[name] != had[name]]
+    if changed:
+        details = ", ".join(f"{n}: {had[n]!r} -> {wanted[n]!r}" for n in changed)
+        raise ValueError(
+            "warm_start=True continues training the fitted network, but these "
+            f"parameters now ask for another one ({details}). Set them back, "
+            "or set warm_start=False to train a new model."
+        )
+
+
+def _compile_options(compile, cuda_graph, device):
+    """Keyword arguments of ``torch.compile``, or None without compiling."""
+    # By value, not identity: NumPy booleans pass parameter validation.
+    if isinstance(compile, dict):
+        options = dict(compile)
+    elif compile:
+        options = {}
+    else:
+        return None
+    unknown = set(options) - COMPILE_ARGUMENTS
+    if unknown:
+        raise ValueError(
+            f"compile has unknown keys {sorted(unknown)}; it takes keyword "
+            f"arguments of torch.compile: {sorted(COMPILE_ARGUMENTS)}."
+        )
+    if "mode" in options and "options" in options:
+        raise ValueError(
+            "compile takes 'mode' or 'options', not both (torch.compile "
+            "refuses them together); put the mode's settings in 'options'."
+        )
+    uses_graph = device.type == "cuda" and cuda_graph in ("auto", True)
+    inner_graphs = (options.get("options") or {}).get("triton.cudagraphs")
+    if uses_graph and (options.get("mode") in GRAPH_MODES or inner_graphs):
+        what = (
+            f"mode {options['mode']!r}"
+            if "mode" in options
+            else "option 'triton.cudagraphs'"
+        )
+        raise ValueError(
+            f"compile {what} captures CUDA graphs of its own, which cannot "
+            "run inside skassoc's CUDA graph of the whole step. Use mode "
+            "'max-autotune-no-cudagraphs' (or the default mode), or set "
+            "cuda_graph=False."
+        )
+    return options
+
+
+def is_builtin_network(network):
+    """Whether the ``network`` parameter names a built-in network (or "auto")."""
+    return network == "auto" or is_builtin(network)
+
+
+def step_memory_bytes(
+    settings, n_classes, embedding_dim, activation_bytes, n_parameters
+):
+    """A rough upper estimate of one training step's memory, in bytes.
+
+    The activations of every embedded sample (kept for the backward pass,
+    chunked above the embedding chunk size), the float64 walker matrices
+    (labeled x unlabeled, a few of them) and the parameters with their
+    gradients and Adam's two moments.
+    """
+    n_labeled = n_classes * settings.labeled_per_class
+    n_unlabeled = settings.unlabeled_batch_size
+    views = 2 if settings.training.consistency_weight > 0 else 1
+    rows = n_labeled + views * n_unlabeled
+    chunk = settings.training.embedding_chunk_size or rows
+    # Forward activations and their gradients: twice the forward's outputs.
+    activations = 2 * activation_bytes * min(rows, chunk)
+    embeddings = 4 * rows * embedding_dim * 4
+    walker = 8 * n_labeled * n_unlabeled * 8 * views
+    return int(activations + embeddings + walker + 4 * 4 * n_parameters)
+
+
+def available_memory_bytes(device):
+    """Memory a fit can still take on ``device``, or None where unknown."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return math.prod(
+            os.sysconf(name) for name in ("SC_AVPHYS_PAGES", "SC_PAGE_SIZE")
+        )
+    except (ValueError, OSError, AttributeError):
+        return None

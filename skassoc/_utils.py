@@ -1,0 +1,40 @@
+"""Small helpers shared by every module: integer checks and warning levels."""
+
+import inspect
+import numbers
+import os
+
+import numpy as np
+
+__all__ = ["is_integer", "user_stacklevel"]
+
+
+def is_integer(value):
+    """Whether ``value`` is an integer (NumPy's included) and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def user_stacklevel():
+    """The ``stacklevel`` that points a warning at the first caller outside skassoc.
+
+    For warnings raised deep inside ``fit``: how deep depends on the code
+    path (and on scikit-learn's wrappers), so count the frames instead.
+    """
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    sklearn_base = os.path.join("sklearn", "base.py")
+    frame = inspect.currentframe()
+    level = 0
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        ours = filename.startswith(package)
+        # scikit-learn's decorator around fit (_fit_context) is not the caller.
+        fit_wrapper = filename.endswith(sklearn_base) and frame.f_code.co_name == (
+            "wrapper"
+        )
+        if not (ours or fit_wrapper):
+            break
+        frame = frame.f_back
+        level += 1
+    return max(level, 1)
