@@ -19,7 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ImageAugmentation", "PAPER_AUGMENTATION", "resolve_augmentation"]
+__all__ = [
+    "ImageAugmentation",
+    "PAPER_AUGMENTATION",
+    "resolve_augmentation",
+    "gaussian_kernel",
+    "separable_conv",
+]
 
 #: The paper's settings.
 PAPER_AUGMENTATION = {
@@ -89,11 +95,16 @@ def resolve_augmentation(augmentation):
     return settings
 
 
-def _gaussian_kernel(sigma, size=7):
-    """A normalised 1-D Gaussian of ``size`` taps."""
+def gaussian_kernel(sigma, size=7):
+    """Normalised 1-D Gaussians of ``size`` taps.
+
+    ``sigma`` is a number (one kernel, shape ``(size,)``) or a tensor of
+    shape ``(n,)`` (one kernel per value, shape ``(n, size)``).
+    """
     coords = torch.arange(size, dtype=torch.float32) - (size - 1) / 2
+    sigma = torch.as_tensor(sigma, dtype=torch.float32).unsqueeze(-1)
     kernel = torch.exp(-(coords**2) / (2 * sigma**2))
-    return kernel / kernel.sum()
+    return (kernel / kernel.sum(dim=-1, keepdim=True)).squeeze(0)
 
 
 class ImageAugmentation(torch.nn.Module):
@@ -139,13 +150,13 @@ class ImageAugmentation(torch.nn.Module):
         self.invert_probability = invert_probability
         self.elastic_alpha = elastic_alpha
         self.register_buffer(
-            "blur_kernel", _gaussian_kernel(blur_sigma) if blur_sigma > 0 else None
+            "blur_kernel", gaussian_kernel(blur_sigma) if blur_sigma > 0 else None
         )
         # Three standard deviations hold 99.7 % of the Gaussian: a longer
         # kernel would cost time and change nothing visible.
         self.register_buffer(
             "elastic_kernel",
-            _gaussian_kernel(elastic_sigma, 2 * math.ceil(3 * elastic_sigma) + 1)
+            gaussian_kernel(elastic_sigma, 2 * math.ceil(3 * elastic_sigma) + 1)
             if elastic_alpha > 0
             else None,
         )
@@ -188,7 +199,7 @@ class ImageAugmentation(torch.nn.Module):
         # mode="constant": the field fades towards the border instead of
         # mirroring displacements that push ink out of the image.
         size = self.elastic_kernel.numel()
-        field = _separable_conv(noise, self.elastic_kernel, padding=size // 2)
+        field = separable_conv(noise, self.elastic_kernel, padding=size // 2)
         return _pixels_to_grid(
             field[:, 0], field[:, 1], height, width, scale=self.elastic_alpha
         )
@@ -197,18 +208,20 @@ class ImageAugmentation(torch.nn.Module):
         kernel = self.blur_kernel.to(x.dtype)
         pad = kernel.numel() // 2
         x = F.pad(x, (pad, pad, pad, pad), mode="reflect")
-        return _separable_conv(x, kernel, padding=0)
+        return separable_conv(x, kernel, padding=0)
 
 
-def _separable_conv(x, kernel, padding):
+def separable_conv(x, kernel, padding):
     """Filter every channel of ``x`` with the 2-D kernel ``outer(kernel, kernel)``.
 
     One horizontal and one vertical depthwise pass; ``padding`` zero pixels
-    on each side (0 for an input padded beforehand).
+    on each side (0 for an input padded beforehand). ``kernel`` is one
+    ``(size,)`` kernel for every channel or ``(channels, size)``, one each.
     """
-    channels, size = x.shape[1], kernel.numel()
-    horizontal = kernel.view(1, 1, 1, size).expand(channels, 1, 1, size)
-    vertical = kernel.view(1, 1, size, 1).expand(channels, 1, size, 1)
+    channels, size = x.shape[1], kernel.shape[-1]
+    kernel = kernel.expand(channels, size)
+    horizontal = kernel.reshape(channels, 1, 1, size)
+    vertical = kernel.reshape(channels, 1, size, 1)
     x = F.conv2d(x, horizontal, padding=(0, padding), groups=channels)
     return F.conv2d(x, vertical, padding=(padding, 0), groups=channels)
 

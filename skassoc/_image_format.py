@@ -16,7 +16,7 @@ from ._utils import is_integer
 __all__ = ["ImageFormat", "check_image_size", "format_settings", "formatted_shape"]
 
 # ITU-R BT.601 luma weights, the usual colour -> grey conversion (Pillow's too).
-_LUMA = (0.299, 0.587, 0.114)
+LUMA = (0.299, 0.587, 0.114)
 
 
 def check_image_size(size, name="image_size"):
@@ -108,7 +108,7 @@ class ImageFormat(nn.Module):
             elif self.channels == 1 and n_channels == 3:
                 # Python scalars, not a tensor of weights: creating a tensor
                 # copies it from the host, which a CUDA graph cannot capture.
-                red, green, blue = _LUMA
+                red, green, blue = LUMA
                 images = (
                     images[:, 0:1] * red
                     + images[:, 1:2] * green

@@ -18,6 +18,9 @@ import torch
 import torch.nn.functional as F
 from sklearn.utils import Bunch, check_random_state
 
+from .._augmentation import gaussian_kernel, separable_conv
+from .._image_format import LUMA
+
 __all__ = ["make_mnist_m_like", "make_synthetic_digits"]
 
 #: Entry of ``fonts`` that stands for Pillow's bundled font.
@@ -30,7 +33,7 @@ _FONT_EXTENSIONS = (".ttf", ".otf", ".ttc")
 _CHUNK_SIZE = 1024
 
 # Rec. 601 luma weights: the brightness of an RGB colour as one number.
-_LUMA = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+_LUMA = torch.tensor(LUMA).view(1, 3, 1, 1)
 
 # Lattice sizes of the octaves of value noise, coarse to fine.
 _NOISE_LATTICES = (2, 3, 5, 8, 13)
@@ -674,16 +677,10 @@ def _backgrounds_and_strokes(rng, n, image_size):
 def _gaussian_blur(images, sigma, radius):
     """Blur each image with its own Gaussian, ``sigma`` (n,) in pixels."""
     n, channels, height, width = images.shape
-    offsets = torch.arange(-radius, radius + 1, dtype=torch.float32)
-    sigma = sigma.clamp_min(1e-3).view(n, 1)
-    kernels = torch.exp(-(offsets**2) / (2 * sigma**2))
-    kernels = (kernels / kernels.sum(dim=1, keepdim=True)).repeat_interleave(
-        channels, dim=0
-    )
+    kernels = gaussian_kernel(sigma.clamp_min(1e-3), 2 * radius + 1)
     x = images.reshape(1, n * channels, height, width)
     x = F.pad(x, (radius, radius, radius, radius), mode="replicate")
-    x = F.conv2d(x, kernels.view(-1, 1, 2 * radius + 1, 1), groups=n * channels)
-    x = F.conv2d(x, kernels.view(-1, 1, 1, 2 * radius + 1), groups=n * channels)
+    x = separable_conv(x, kernels.repeat_interleave(channels, dim=0), padding=0)
     return x.view(n, channels, height, width)
 
 
