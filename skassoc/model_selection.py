@@ -135,7 +135,7 @@ class _StratifiedCheck:
             rare = classes[counts < self.n_splits]
             raise ValueError(
                 f"Every class needs at least n_splits={self.n_splits} labeled "
-                f"samples, one in each test fold; class {rare[0]!r} has "
+                f"samples, one in each test fold; class {rare.tolist()[0]!r} has "
                 f"{counts[counts < self.n_splits][0]}. Lower n_splits or label "
                 "more samples."
             )
