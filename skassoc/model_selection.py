@@ -10,6 +10,8 @@ fold, so that test folds hold labeled samples only; they work as ``cv`` in
 :func:`labeled_scorer` makes scorers that skip unlabeled samples, for folds
 that may hold some (a ``cv`` of your own).
 
+The test folds leave the unlabeled samples out, so they are no partition of
+the samples: :func:`~sklearn.model_selection.cross_val_predict` refuses them.
 Unlabeled samples are found as the estimator finds them: ``-1``, or the
 string ``"-1"`` in string arrays (see the user guide's section on labels).
 """
@@ -42,19 +44,20 @@ __all__ = [
 
 
 def _labeled_and_unlabeled(y):
-    """Indices of the labeled and of the unlabeled samples of ``y``."""
+    """``y`` as a 1-D array, the indices of its labeled and unlabeled samples."""
     if y is None:
         raise ValueError(
             "The semi-supervised splitters need y to tell labeled samples from "
             "unlabeled ones (-1); got y=None."
         )
-    unlabeled = unlabeled_mask(column_or_1d(np.asarray(y)))
+    y = column_or_1d(np.asarray(y))
+    unlabeled = unlabeled_mask(y)
     if unlabeled.all():
         raise ValueError(
             "y holds no labeled samples (every label is -1); test folds are "
             "made of labeled samples only."
         )
-    return np.flatnonzero(~unlabeled), np.flatnonzero(unlabeled)
+    return y, np.flatnonzero(~unlabeled), np.flatnonzero(unlabeled)
 
 
 class _SemiSupervisedSplitter(BaseCrossValidator):
@@ -102,8 +105,8 @@ class _SemiSupervisedSplitter(BaseCrossValidator):
             Testing indices, labeled samples only.
         """
         X, y, groups = indexable(X, y, groups)
-        labeled, unlabeled = _labeled_and_unlabeled(y)
-        y_labeled = np.asarray(y)[labeled]
+        y, labeled, unlabeled = _labeled_and_unlabeled(y)
+        y_labeled = y[labeled]
         self._check_labeled(y_labeled)
         # The wrapped splitter sees the labeled samples alone; its indices
         # point into `labeled`.
