@@ -16,6 +16,8 @@ import torch
 from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
+from ._image_format import format_settings
+
 __all__ = ["export_onnx"]
 
 
@@ -71,6 +73,17 @@ def _export_arguments(dynamo, input_name, output_name, opset_version):
     else:
         kwargs["dynamic_axes"] = {input_name: {0: "batch"}, output_name: {0: "batch"}}
     return kwargs
+
+
+def _check_exportable(estimator, dynamo):
+    """Refuse what the exporter at hand cannot export, before it tries."""
+    size, _ = format_settings(estimator.model_.input_format)
+    if size is not None and not dynamo:
+        raise ValueError(
+            f"This estimator resizes its images (image_size={size}), and the "
+            f"ONNX exporter of torch {torch.__version__} cannot export the "
+            "antialiased resize; export with torch 2.5 or later."
+        )
 
 
 def _example_input(estimator):
@@ -141,7 +154,8 @@ def export_onnx(
     ValueError
         If a custom ``network`` module cannot be exported (for example one
         whose ``forward`` branches on the values of its input, or calls
-        NumPy).
+        NumPy), or if the estimator resizes images (``image_size``) and
+        PyTorch is older than 2.5.
 
     Notes
     -----
@@ -181,6 +195,7 @@ def export_onnx(
     check_is_fitted(estimator)
     dynamo = _uses_dynamo_exporter()
     _check_packages(dynamo)
+    _check_exportable(estimator, dynamo)
     model = copy.deepcopy(estimator.model_).to("cpu", torch.float32)
     model = _Probabilities(model.to(memory_format=torch.contiguous_format)).eval()
     kwargs = _export_arguments(dynamo, input_name, output_name, opset_version)

@@ -109,6 +109,21 @@ def test_resized_images_agree_to_the_resize_difference(
     _assert_same_predictions(proba, clf, X, atol=2e-3)
 
 
+def test_resize_needs_the_dynamo_exporter(digits_semi, tmp_path, monkeypatch):
+    X, y = digits_semi
+    clf = SemiSupervisedAssociationClassifier(
+        input_shape=(8, 8),
+        image_size=(12, 12),
+        labeled_per_class=3,
+        max_iter=2,
+        device="cpu",
+    ).fit(X, y)
+    # As with torch < 2.5, whose torch.onnx.export has no dynamo exporter.
+    monkeypatch.setattr(export_module, "_uses_dynamo_exporter", lambda: False)
+    with pytest.raises(ValueError, match="cannot export the antialiased resize"):
+        export_onnx(clf, tmp_path / "resized.onnx")
+
+
 def test_names_and_classes_are_in_the_file(blobs_semi, fast_params, tmp_path):
     X, y = blobs_semi
     labels = np.array(["ant", "bee", "cat"])
