@@ -184,11 +184,12 @@ def export_onnx(
     >>> import os, tempfile
     >>> path = export_onnx(clf, os.path.join(tempfile.mkdtemp(), "model.onnx"))
 
-    Run it with ONNX Runtime:
+    Run it with the reference runtime that ships with the ``onnx`` package
+    (``onnxruntime.InferenceSession(path).run(None, {"input": ...})`` serves
+    it the same way, faster):
 
-    >>> import onnxruntime
-    >>> session = onnxruntime.InferenceSession(path)
-    >>> (proba,) = session.run(None, {"input": X.astype(np.float32)})
+    >>> from onnx.reference import ReferenceEvaluator
+    >>> (proba,) = ReferenceEvaluator(path).run(None, {"input": X.astype(np.float32)})
     >>> bool(np.allclose(proba, clf.predict_proba(X), atol=1e-5))
     True
     """
