@@ -39,8 +39,15 @@ setup(
             "pillow>=9",
             "ruff>=0.4",
             "dask[distributed]>=2023.1",
+            # tests/test_onnx.py (tested with onnx 1.23, onnxruntime 1.32,
+            # onnxscript 0.7 on torch 2.13).
+            "onnx",
+            "onnxruntime",
+            "onnxscript",
         ],
         "examples": ["matplotlib>=3.6", "pillow>=9"],
+        # skassoc.export.export_onnx; torch >= 2.5 exports through onnxscript.
+        "onnx": ["onnx", "onnxscript"],
         "docs": [
             "sphinx>=7",
             "numpydoc>=1.6",

@@ -1,0 +1,219 @@
+"""Export a fitted estimator to ONNX, for inference without Python or PyTorch.
+
+The exported graph maps a float32 batch of inputs to the class
+probabilities of :meth:`~skassoc.SemiSupervisedAssociationClassifier.predict_proba`,
+so that ONNX Runtime and other ONNX backends can serve the model.
+"""
+
+import copy
+import importlib.util
+import json
+import os
+import warnings
+from inspect import signature
+
+import torch
+from sklearn.utils.validation import check_is_fitted
+from torch import nn
+
+from ._image_format import format_settings
+
+__all__ = ["export_onnx"]
+
+
+class _Probabilities(nn.Module):
+    """The fitted model with its softmax: raw inputs -> class probabilities."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        # As predict_proba computes them (_classifier._run_model): the input
+        # format and the embedder, the logit layer, a softmax over classes.
+        return torch.softmax(self.model.logits(self.model.embed(x)), dim=1)
+
+
+def _uses_dynamo_exporter():
+    """Whether torch.onnx.export offers the torch.export-based exporter.
+
+    PyTorch 2.5 added ``dynamo=`` and 2.9 made it the default; the older
+    TorchScript exporter cannot export the antialiased resize of
+    ``image_size`` and is deprecated, so the new one is used where it exists.
+    """
+    return "dynamo" in signature(torch.onnx.export).parameters
+
+
+def _check_packages(dynamo):
+    needed = ["onnx", "onnxscript"] if dynamo else ["onnx"]
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"export_onnx needs the packages {', '.join(needed)}; install "
+            f"{' and '.join(missing)} (e.g. pip install {' '.join(missing)})."
+        )
+
+
+def _export_arguments(dynamo, input_name, output_name, opset_version):
+    """Keyword arguments of torch.onnx.export for a dynamic batch size."""
+    kwargs = {
+        "input_names": [input_name],
+        "output_names": [output_name],
+        "opset_version": opset_version,
+        # The dynamo exporter prints its progress to stdout unless told not to.
+        "verbose": False,
+    }
+    if dynamo:
+        # One self-contained file (weights inside, not in a .data file).
+        kwargs.update(
+            dynamo=True,
+            external_data=False,
+            dynamic_shapes=({0: torch.export.Dim("batch")},),
+        )
+    else:
+        kwargs["dynamic_axes"] = {input_name: {0: "batch"}, output_name: {0: "batch"}}
+    return kwargs
+
+
+def _check_exportable(estimator, dynamo):
+    """Refuse what the exporter at hand cannot export, before it tries."""
+    size, _ = format_settings(estimator.model_.input_format)
+    if size is not None and not dynamo:
+        raise ValueError(
+            f"This estimator resizes its images (image_size={size}), and the "
+            f"ONNX exporter of torch {torch.__version__} cannot export the "
+            "antialiased resize; export with torch 2.5 or later."
+        )
+
+
+def _example_input(estimator):
+    """A batch of two zero inputs in the network's layout.
+
+    Two, not one: the exporters would take a batch of one for a constant.
+    """
+    if estimator.input_shape_ is not None:
+        return torch.zeros(2, *estimator.input_shape_)
+    return torch.zeros(2, estimator.n_features_in_)
+
+
+def _add_classes(path, classes):
+    """Record ``classes_`` in the file's metadata, in the columns' order."""
+    import onnx
+
+    model = onnx.load(os.fspath(path))
+    onnx.helper.set_model_props(
+        model, {"classes": json.dumps(classes.tolist(), default=str)}
+    )
+    onnx.save(model, os.fspath(path))
+
+
+def export_onnx(
+    estimator,
+    path,
+    *,
+    input_name="input",
+    output_name="probabilities",
+    opset_version=None,
+):
+    """Export a fitted classifier's class probabilities to an ONNX file.
+
+    The ONNX graph takes a float32 batch of inputs of any size and returns
+    the class probabilities of ``estimator.predict_proba``, one column per
+    class of ``classes_``, in that order; the file's metadata
+    holds the classes as a JSON list under ``"classes"``. The export runs on
+    a CPU copy of the network; the estimator is left as it is.
+
+    Parameters
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        A fitted estimator.
+    path : str or os.PathLike
+        Where to write the ONNX model (extension ``.onnx``).
+    input_name : str, default="input"
+        Name of the graph's input: float32 of shape ``(batch, n_features)``
+        for feature rows, ``(batch, channels, height, width)`` for images
+        (``estimator.input_shape_``, also when ``fit`` took flat rows with
+        ``input_shape``). Cast uint8 pixels to float32; do not rescale them.
+    output_name : str, default="probabilities"
+        Name of the graph's output, float32 of shape ``(batch, n_classes)``.
+    opset_version : int, default=None
+        ONNX opset to target; None lets PyTorch choose.
+
+    Returns
+    -------
+    path : str or os.PathLike
+        ``path``, as given.
+
+    Raises
+    ------
+    sklearn.exceptions.NotFittedError
+        If the estimator is not fitted.
+    ImportError
+        If ``onnx`` (and, with PyTorch 2.5 or later, ``onnxscript``) is
+        not installed.
+    ValueError
+        If a custom ``network`` module cannot be exported (for example one
+        whose ``forward`` branches on the values of its input, or calls
+        NumPy), or if the estimator resizes images (``image_size``) and
+        PyTorch is older than 2.5.
+
+    Notes
+    -----
+    The graph computes in float32. Where the estimator predicts in lower
+    precision (``precision="bf16"``, which ``"auto"`` picks for images on
+    CPUs with native bf16 arithmetic, or TF32 on GPUs), its probabilities
+    differ from the graph's by that precision's rounding.
+
+    With PyTorch 2.5 or later the export uses ``torch.onnx.export(...,
+    dynamo=True)``; older versions use the TorchScript exporter, which
+    cannot export the antialiased resize of ``image_size``. ONNX Runtime
+    computes that resize slightly differently from PyTorch: probabilities of
+    models with ``image_size`` agree to about 1e-3, the others to about 1e-5.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.datasets import make_blobs
+    >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> from skassoc.export import export_onnx
+    >>> X, y = make_blobs(n_samples=60, centers=3, random_state=0)
+    >>> y[10:] = -1
+    >>> clf = SemiSupervisedAssociationClassifier(
+    ...     "mlp", labeled_per_class=2, max_iter=5, device="cpu", random_state=0
+    ... ).fit(X, y)
+    >>> import os, tempfile
+    >>> path = export_onnx(clf, os.path.join(tempfile.mkdtemp(), "model.onnx"))
+
+    Run it with the reference runtime that ships with the ``onnx`` package
+    (``onnxruntime.InferenceSession(path).run(None, {"input": ...})`` serves
+    it the same way, faster):
+
+    >>> from onnx.reference import ReferenceEvaluator
+    >>> (proba,) = ReferenceEvaluator(path).run(None, {"input": X.astype(np.float32)})
+    >>> bool(np.allclose(proba, clf.predict_proba(X), atol=1e-5))
+    True
+    """
+    check_is_fitted(estimator)
+    dynamo = _uses_dynamo_exporter()
+    _check_packages(dynamo)
+    _check_exportable(estimator, dynamo)
+    model = copy.deepcopy(estimator.model_).to("cpu", torch.float32)
+    model = _Probabilities(model.to(memory_format=torch.contiguous_format)).eval()
+    kwargs = _export_arguments(dynamo, input_name, output_name, opset_version)
+    try:
+        with warnings.catch_warnings():
+            # The exporters' notes on their own internals mean nothing to a
+            # user of this function.
+            warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning))
+            torch.onnx.export(model, (_example_input(estimator),), path, **kwargs)
+    except Exception as error:
+        if estimator.network_ != "custom":
+            raise
+        raise ValueError(
+            "The custom network module could not be exported to ONNX "
+            f"(torch.onnx.export raised {type(error).__name__}; see above). "
+            "ONNX export traces forward once: it must not branch on the "
+            "values of its input or leave PyTorch (NumPy, .item(), .tolist())."
+        ) from error
+    _add_classes(path, estimator.classes_)
+    return path

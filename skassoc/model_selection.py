@@ -1,0 +1,460 @@
+"""Cross-validation and scoring when ``y`` marks unlabeled samples with ``-1``.
+
+scikit-learn's splitters and scorers treat ``-1`` as one more class: a test
+fold is then mostly unlabeled samples, every prediction on them counts as an
+error, and probability scorers return NaN. The splitters here split the
+*labeled* samples into folds and add every unlabeled sample to every training
+fold, so that test folds hold labeled samples only; they work as ``cv`` in
+:func:`~sklearn.model_selection.cross_validate`,
+:class:`~sklearn.model_selection.GridSearchCV` and the other searches.
+:func:`labeled_scorer` makes scorers that skip unlabeled samples, for folds
+that may hold some (a ``cv`` of your own).
+
+The test folds leave the unlabeled samples out, so they are no partition of
+the samples: :func:`~sklearn.model_selection.cross_val_predict` refuses them.
+Unlabeled samples are found as the estimator finds them: ``-1``, or the
+string ``"-1"`` in string arrays (see the user guide's section on labels).
+"""
+
+from abc import abstractmethod
+from inspect import signature
+
+import numpy as np
+from sklearn.metrics import check_scoring
+from sklearn.model_selection import (
+    BaseCrossValidator,
+    KFold,
+    RepeatedKFold,
+    RepeatedStratifiedKFold,
+    StratifiedKFold,
+)
+from sklearn.utils import _safe_indexing, indexable
+from sklearn.utils.metadata_routing import MetadataRequest
+from sklearn.utils.validation import _num_samples, column_or_1d
+
+from ._validation import unlabeled_mask
+
+__all__ = [
+    "SemiSupervisedKFold",
+    "SemiSupervisedStratifiedKFold",
+    "RepeatedSemiSupervisedKFold",
+    "RepeatedSemiSupervisedStratifiedKFold",
+    "labeled_scorer",
+]
+
+
+def _labeled_and_unlabeled(y):
+    """``y`` as a 1-D array, the indices of its labeled and unlabeled samples."""
+    if y is None:
+        raise ValueError(
+            "The semi-supervised splitters need y to tell labeled samples from "
+            "unlabeled ones (-1); got y=None."
+        )
+    y = column_or_1d(np.asarray(y))
+    unlabeled = unlabeled_mask(y)
+    if unlabeled.all():
+        raise ValueError(
+            "y holds no labeled samples (every label is -1); test folds are "
+            "made of labeled samples only."
+        )
+    return y, np.flatnonzero(~unlabeled), np.flatnonzero(unlabeled)
+
+
+class _SemiSupervisedSplitter(BaseCrossValidator):
+    """Split the labeled samples with a scikit-learn splitter; train on all others.
+
+    Subclasses say which splitter in :meth:`_labeled_cv`.
+    """
+
+    def _check_params(self):
+        # Building the wrapped splitter runs scikit-learn's checks of the
+        # parameters, so a bad n_splits fails here as it would in KFold.
+        self._labeled_cv()
+
+    @abstractmethod
+    def _labeled_cv(self):
+        """The scikit-learn splitter that splits the labeled samples."""
+
+    def _check_labeled(self, y_labeled):
+        """Refuse labeled samples too few for the folds (see subclasses)."""
+        if y_labeled.shape[0] < self.n_splits:
+            raise ValueError(
+                f"n_splits={self.n_splits} is more than the "
+                f"{y_labeled.shape[0]} labeled samples in y; test folds hold "
+                "labeled samples only."
+            )
+
+    def split(self, X, y, groups=None):
+        """Generate indices to split data into training and test set.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+            Training data; only its number of samples is used.
+        y : array-like of shape (n_samples,)
+            Labels, ``-1`` for unlabeled samples.
+        groups : object
+            Always ignored, exists for compatibility.
+
+        Yields
+        ------
+        train : ndarray
+            Sorted training indices: the labeled samples of the other folds
+            and every unlabeled sample.
+        test : ndarray
+            Testing indices, labeled samples only.
+        """
+        X, y, groups = indexable(X, y, groups)
+        y, labeled, unlabeled = _labeled_and_unlabeled(y)
+        y_labeled = y[labeled]
+        self._check_labeled(y_labeled)
+        # The wrapped splitter sees the labeled samples alone; its indices
+        # point into `labeled`.
+        for train, test in self._labeled_cv().split(labeled, y_labeled):
+            yield np.sort(np.concatenate([labeled[train], unlabeled])), labeled[test]
+
+    def get_n_splits(self, X=None, y=None, groups=None):
+        """Return the number of splitting iterations of the cross-validator.
+
+        Parameters
+        ----------
+        X, y, groups : object
+            Always ignored, exist for compatibility.
+
+        Returns
+        -------
+        n_splits : int
+            Number of (train, test) pairs that :meth:`split` yields.
+        """
+        return self._labeled_cv().get_n_splits()
+
+
+class _StratifiedCheck:
+    """Refuse a class with fewer labeled samples than folds."""
+
+    def _check_labeled(self, y_labeled):
+        classes, counts = np.unique(y_labeled, return_counts=True)
+        if counts.min() < self.n_splits:
+            rare = classes[counts < self.n_splits]
+            raise ValueError(
+                f"Every class needs at least n_splits={self.n_splits} labeled "
+                f"samples, one in each test fold; class {rare.tolist()[0]!r} has "
+                f"{counts[counts < self.n_splits][0]}. Lower n_splits or label "
+                "more samples."
+            )
+
+
+class SemiSupervisedKFold(_SemiSupervisedSplitter):
+    """K-fold over the labeled samples; every training fold keeps the unlabeled.
+
+    The labeled samples (``y != -1``) are split as
+    :class:`~sklearn.model_selection.KFold` would split them alone; each
+    test fold is one of these folds, and each training fold the other
+    labeled samples plus every unlabeled sample.
+
+    Parameters
+    ----------
+    n_splits : int, default=5
+        Number of folds, at least 2 and at most the number of labeled samples.
+    shuffle : bool, default=False
+        Whether to shuffle the labeled samples before splitting them.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the shuffle when ``shuffle=True``; pass an int for the same
+        folds at every call.
+
+    See Also
+    --------
+    SemiSupervisedStratifiedKFold : Keeps the share of each class in every
+        fold (the better choice for classifiers).
+    RepeatedSemiSupervisedKFold : Repeats the split with other shuffles.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skassoc.model_selection import SemiSupervisedKFold
+    >>> y = np.array([0, -1, 1, -1, 0, 1, -1, 1])
+    >>> for train, test in SemiSupervisedKFold(n_splits=2).split(y, y):
+    ...     print(train, test)
+    [1 3 5 6 7] [0 2 4]
+    [0 1 2 3 4 6] [5 7]
+    """
+
+    def __init__(self, n_splits=5, *, shuffle=False, random_state=None):
+        self.n_splits = n_splits
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self._check_params()
+
+    def _labeled_cv(self):
+        return KFold(
+            self.n_splits, shuffle=self.shuffle, random_state=self.random_state
+        )
+
+
+class SemiSupervisedStratifiedKFold(_StratifiedCheck, _SemiSupervisedSplitter):
+    """Stratified K-fold over the labeled samples; training keeps the unlabeled.
+
+    The labeled samples are split as
+    :class:`~sklearn.model_selection.StratifiedKFold` would split them alone,
+    so every test fold holds about the same share of each class; each
+    training fold adds every unlabeled sample to the labeled samples of the
+    other folds.
+
+    Parameters
+    ----------
+    n_splits : int, default=5
+        Number of folds, at least 2. Every class needs at least ``n_splits``
+        labeled samples.
+    shuffle : bool, default=False
+        Whether to shuffle the labeled samples of each class before splitting.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the shuffle when ``shuffle=True``; pass an int for the same
+        folds at every call.
+
+    See Also
+    --------
+    RepeatedSemiSupervisedStratifiedKFold : Repeats the split with other
+        shuffles, for steadier scores from few labels.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skassoc.model_selection import SemiSupervisedStratifiedKFold
+    >>> y = np.array([0, -1, 1, -1, 0, 1, -1, 1, 0])
+    >>> cv = SemiSupervisedStratifiedKFold(n_splits=3)
+    >>> for train, test in cv.split(y, y):
+    ...     print(train, test, y[test])
+    [1 3 4 5 6 7 8] [0 2] [0 1]
+    [0 1 2 3 6 7 8] [4 5] [0 1]
+    [0 1 2 3 4 5 6] [7 8] [1 0]
+    """
+
+    def __init__(self, n_splits=5, *, shuffle=False, random_state=None):
+        self.n_splits = n_splits
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self._check_params()
+
+    def _labeled_cv(self):
+        return StratifiedKFold(
+            self.n_splits, shuffle=self.shuffle, random_state=self.random_state
+        )
+
+
+class RepeatedSemiSupervisedKFold(_SemiSupervisedSplitter):
+    """:class:`SemiSupervisedKFold` repeated with a new shuffle each time.
+
+    The labeled samples are split as
+    :class:`~sklearn.model_selection.RepeatedKFold` would split them alone;
+    every training fold keeps all unlabeled samples.
+
+    Parameters
+    ----------
+    n_splits : int, default=5
+        Number of folds of each repetition, at least 2.
+    n_repeats : int, default=10
+        Number of repetitions.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the shuffles; pass an int for the same folds at every call.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skassoc.model_selection import RepeatedSemiSupervisedKFold
+    >>> y = np.array([0, -1, 1, -1, 0, 1, -1, 1])
+    >>> cv = RepeatedSemiSupervisedKFold(n_splits=2, n_repeats=3, random_state=0)
+    >>> cv.get_n_splits()
+    6
+    """
+
+    def __init__(self, *, n_splits=5, n_repeats=10, random_state=None):
+        self.n_splits = n_splits
+        self.n_repeats = n_repeats
+        self.random_state = random_state
+        self._check_params()
+
+    def _labeled_cv(self):
+        return RepeatedKFold(
+            n_splits=self.n_splits,
+            n_repeats=self.n_repeats,
+            random_state=self.random_state,
+        )
+
+
+class RepeatedSemiSupervisedStratifiedKFold(_StratifiedCheck, _SemiSupervisedSplitter):
+    """:class:`SemiSupervisedStratifiedKFold` repeated with a new shuffle each time.
+
+    The labeled samples are split as
+    :class:`~sklearn.model_selection.RepeatedStratifiedKFold` would split
+    them alone; every training fold keeps all unlabeled samples. With few
+    labels each test fold is small, and repeating the split with other
+    shuffles averages out part of the noise of the scores.
+
+    Parameters
+    ----------
+    n_splits : int, default=5
+        Number of folds of each repetition, at least 2. Every class needs at
+        least ``n_splits`` labeled samples.
+    n_repeats : int, default=10
+        Number of repetitions.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the shuffles; pass an int for the same folds at every call.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skassoc.model_selection import RepeatedSemiSupervisedStratifiedKFold
+    >>> y = np.array([0, -1, 1, -1, 0, 1, -1, 1, 0])
+    >>> cv = RepeatedSemiSupervisedStratifiedKFold(
+    ...     n_splits=3, n_repeats=2, random_state=0
+    ... )
+    >>> cv.get_n_splits()
+    6
+    >>> all(set(y[test]) == {0, 1} for _, test in cv.split(y, y))
+    True
+    """
+
+    def __init__(self, *, n_splits=5, n_repeats=10, random_state=None):
+        self.n_splits = n_splits
+        self.n_repeats = n_repeats
+        self.random_state = random_state
+        self._check_params()
+
+    def _labeled_cv(self):
+        return RepeatedStratifiedKFold(
+            n_splits=self.n_splits,
+            n_repeats=self.n_repeats,
+            random_state=self.random_state,
+        )
+
+
+class _LabeledScorer:
+    """A scorer that drops the unlabeled samples, then calls ``scorer``."""
+
+    def __init__(self, scorer, scoring):
+        self._scorer = scorer
+        # What the user asked for, for the repr only.
+        self._scoring = scoring
+
+    def __repr__(self):
+        return f"labeled_scorer({self._scoring!r})"
+
+    def __call__(self, estimator, X, y_true, sample_weight=None, **kwargs):
+        """Score ``estimator`` on the labeled samples of ``(X, y_true)``."""
+        X, y_true, sample_weight = indexable(X, y_true, sample_weight)
+        y_true = column_or_1d(np.asarray(y_true))
+        labeled = np.flatnonzero(~unlabeled_mask(y_true))
+        if labeled.size == 0:
+            raise ValueError(
+                "The samples to score hold no labeled sample (every label is "
+                "-1). Use a splitter of skassoc.model_selection, whose test "
+                "folds hold labeled samples only."
+            )
+        if labeled.size < _num_samples(X):
+            X = _safe_indexing(X, labeled)
+            y_true = y_true[labeled]
+            if sample_weight is not None:
+                sample_weight = _safe_indexing(sample_weight, labeled)
+        if sample_weight is not None:
+            kwargs["sample_weight"] = sample_weight
+        if self._scorer is None:
+            return estimator.score(X, y_true, **kwargs)
+        return self._scorer(estimator, X, y_true, **kwargs)
+
+    # Metadata such as sample_weight reaches a scorer through scikit-learn's
+    # metadata routing (or, without it, where _accept_sample_weight says
+    # yes); both questions go to the wrapped scorer.
+    def _accept_sample_weight(self):
+        if hasattr(self._scorer, "_accept_sample_weight"):
+            return self._scorer._accept_sample_weight()
+        # A callable of the user's own, or None: the estimator's score
+        # method, which is unknown until the call.
+        return self._scorer is not None and "sample_weight" in _parameters(self._scorer)
+
+    def get_metadata_routing(self):
+        """Metadata routing of the wrapped scorer (see scikit-learn's guide)."""
+        if hasattr(self._scorer, "get_metadata_routing"):
+            return self._scorer.get_metadata_routing()
+        return MetadataRequest(owner=repr(self))
+
+    def set_score_request(self, **kwargs):
+        """Request metadata such as ``sample_weight`` of the wrapped scorer.
+
+        Needs metadata routing switched on and a wrapped scorer made by
+        scikit-learn (a name or :func:`~sklearn.metrics.make_scorer`).
+
+        Returns
+        -------
+        self : object
+            This scorer.
+        """
+        if not hasattr(self._scorer, "set_score_request"):
+            raise TypeError(
+                f"{self._scoring!r} does not take metadata requests; pass a "
+                "scorer name or one made by sklearn.metrics.make_scorer."
+            )
+        self._scorer.set_score_request(**kwargs)
+        return self
+
+
+def _parameters(function):
+    try:
+        return signature(function).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def labeled_scorer(scoring=None):
+    """Make a scorer, or several, that ignore unlabeled samples.
+
+    The scorer drops the samples labeled ``-1`` (with their ``sample_weight``)
+    and scores the estimator on the others with the scorer that ``scoring``
+    names. Use it when the test folds may hold unlabeled samples, as with a
+    ``cv`` of your own; the splitters of this module give test folds of
+    labeled samples only, where scikit-learn's own scorers work as well.
+
+    Parameters
+    ----------
+    scoring : str, callable, list, tuple, set, dict or None, default=None
+        What to score, as scikit-learn's ``scoring`` parameter takes it: a
+        scorer name such as ``"accuracy"`` or ``"neg_log_loss"``, a scorer
+        ``scorer(estimator, X, y)`` (e.g. from
+        :func:`~sklearn.metrics.make_scorer`), or None for the estimator's
+        own ``score`` method. A list, tuple or set of names or a dict of
+        ``{name: scoring}`` gives a dict of scorers, for the multi-metric
+        ``scoring`` of :func:`~sklearn.model_selection.cross_validate` and
+        the searches.
+
+    Returns
+    -------
+    scorer : callable or dict of callables
+        ``scorer(estimator, X, y, sample_weight=None)``; a dict of them for
+        a list, tuple, set or dict.
+
+    Raises
+    ------
+    ValueError
+        When called on samples none of which is labeled.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.dummy import DummyClassifier
+    >>> from skassoc.model_selection import labeled_scorer
+    >>> X = np.zeros((5, 1))
+    >>> y = np.array([0, 0, -1, 1, -1])
+    >>> clf = DummyClassifier(strategy="constant", constant=0).fit(X, y)
+    >>> round(labeled_scorer("accuracy")(clf, X, y), 3)  # 2 of 3 labeled
+    0.667
+    >>> sorted(labeled_scorer(["accuracy", "balanced_accuracy"]))
+    ['accuracy', 'balanced_accuracy']
+    """
+    if isinstance(scoring, dict):
+        return {name: labeled_scorer(value) for name, value in scoring.items()}
+    if isinstance(scoring, (list, tuple, set)):
+        return {name: labeled_scorer(name) for name in scoring}
+    if scoring is None:
+        return _LabeledScorer(None, None)
+    # check_scoring turns a name into a scorer and refuses a bare metric
+    # function such as accuracy_score, which takes (y_true, y_pred).
+    return _LabeledScorer(check_scoring(scoring=scoring), scoring)
