@@ -29,7 +29,7 @@ class _Probabilities(nn.Module):
         self.model = model
 
     def forward(self, x):
-        # As predict_proba computes them (_classifier._run_model): the input
+        # As predict_proba computes them (_classifier.run_model): the input
         # format and the embedder, the logit layer, a softmax over classes.
         return torch.softmax(self.model.logits(self.model.embed(x)), dim=1)
 

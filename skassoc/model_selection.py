@@ -32,7 +32,7 @@ from sklearn.utils import _safe_indexing, indexable
 from sklearn.utils.metadata_routing import MetadataRequest
 from sklearn.utils.validation import _num_samples, column_or_1d
 
-from ._validation import unlabeled_mask
+from ._inputs import unlabeled_mask
 
 __all__ = [
     "SemiSupervisedKFold",
