@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 version = {}
-for line in (HERE / "skassoc" / "__init__.py").read_text().splitlines():
+for line in (HERE / "skassoc" / "_version.py").read_text().splitlines():
     if line.startswith("__version__"):
         exec(line, version)
 

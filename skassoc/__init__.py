@@ -2,8 +2,7 @@
 
 from ._classifier import SemiSupervisedAssociationClassifier
 from ._recipes import RECIPES, recipe_params
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "SemiSupervisedAssociationClassifier",

@@ -53,6 +53,7 @@ from ._model import ModelSpec, build_model, placed, spec_of_model
 from ._networks import NETWORKS
 from ._sampling import UNLABELED_SAMPLINGS
 from ._utils import is_integer, user_stacklevel
+from ._version import __version__
 
 try:  # POSIX: lets a save tell a crashed save's temporary file from a live one.
     import fcntl
@@ -259,10 +260,6 @@ def save_model(estimator, path):
 
 
 def _skassoc_version():
-    # Imported here: skassoc/__init__ imports the classifier, which imports
-    # this module.
-    from . import __version__
-
     return __version__
 
 
