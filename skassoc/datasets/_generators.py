@@ -398,81 +398,18 @@ def _glyph_atlas(specs, resolution, check_resemblance):
     Image, ImageDraw, ImageFont = _import_pillow()
     # Draw large, then scale down: the glyphs come out smooth.
     size = 2 * resolution
-    reference = None
-    if check_resemblance:
-        try:
-            font, _ = _load_font(DEFAULT_FONT, size, ImageFont)
-            if isinstance(font, ImageFont.FreeTypeFont):
-                glyphs = _render_digits(font, Image, ImageDraw)
-                reference = torch.stack([_descriptor(glyph) for glyph in glyphs])
-        except (OSError, ImportError):
-            pass
-
+    reference = _reference_descriptors(size) if check_resemblance else None
     cells, widths, heights, names, seen = [], [], [], [], set()
     for spec in specs:
-        try:
-            font, name = _load_font(spec, size, ImageFont)
-        except ImportError as exc:
-            # Pillow built without FreeType cannot load font files.
-            if check_resemblance:
-                continue
-            raise ImportError(
-                f"Pillow cannot load the font file {spec!r} ({exc}); install a "
-                "Pillow built with FreeType (`pip install pillow` provides one), "
-                'or pass fonts=["default"] for its bitmap font.'
-            ) from exc
-        except OSError as exc:
-            if check_resemblance:
-                continue
-            raise ValueError(
-                f"The font file {spec!r} could not be loaded as a TrueType or "
-                f"OpenType font ({exc}); pass the path of a .ttf, .otf or .ttc "
-                "file."
-            ) from exc
-        scalable = isinstance(font, ImageFont.FreeTypeFont)
-        key = font.getname() if scalable else name
-        # Pillow's small bitmap font is a last resort (see _resolve_fonts).
-        if check_resemblance and (key in seen or not scalable):
+        loaded = _usable_glyphs(spec, size, check_resemblance, reference, seen)
+        if loaded is None:
             continue
-        glyphs = _render_digits(font, Image, ImageDraw)
-        problem = _check_glyphs(glyphs)
-        if problem is not None:
-            if check_resemblance:
-                continue
-            raise ValueError(
-                f"The font {name!r} cannot be used: {problem}. Pass fonts that "
-                "have the digits 0-9."
-            )
-        if check_resemblance and not _looks_like_digits(glyphs, reference):
-            continue
-        seen.add(key)
-
-        median_height = float(np.median([glyph.shape[0] for glyph in glyphs]))
-        max_width = max(glyph.shape[1] for glyph in glyphs)
-        scale = min(
-            _GLYPH_HEIGHT * resolution / median_height, 0.95 * resolution / max_width
-        )
-        font_cells = np.zeros((10, resolution, resolution), dtype=np.uint8)
-        for digit, glyph in enumerate(glyphs):
-            height = min(resolution, max(1, round(glyph.shape[0] * scale)))
-            width = min(resolution, max(1, round(glyph.shape[1] * scale)))
-            scaled = F.interpolate(
-                torch.from_numpy(glyph)[None, None],
-                size=(height, width),
-                mode="bilinear",
-                align_corners=False,
-                antialias=True,
-            )[0, 0]
-            top = (resolution - height) // 2
-            left = (resolution - width) // 2
-            font_cells[digit, top : top + height, left : left + width] = (
-                (scaled.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
-            )
+        glyphs, name = loaded
+        font_cells, font_widths, font_height = _glyph_cells(glyphs, resolution)
         cells.append(font_cells)
-        widths.append([2 * glyph.shape[1] * scale / resolution for glyph in glyphs])
-        heights.append(2 * median_height * scale / resolution)
+        widths.append(font_widths)
+        heights.append(font_height)
         names.append(name)
-
     if not cells:
         return None
     atlas = torch.from_numpy(np.concatenate(cells)).unsqueeze(1)
@@ -482,6 +419,97 @@ def _glyph_atlas(specs, resolution, check_resemblance):
         np.asarray(heights, dtype=np.float32),
         names,
     )
+
+
+def _reference_descriptors(size):
+    """Descriptors of Pillow's own digits, to compare found fonts with (or None)."""
+    Image, ImageDraw, ImageFont = _import_pillow()
+    try:
+        font, _ = _load_font(DEFAULT_FONT, size, ImageFont)
+        if isinstance(font, ImageFont.FreeTypeFont):
+            glyphs = _render_digits(font, Image, ImageDraw)
+            return torch.stack([_descriptor(glyph) for glyph in glyphs])
+    except (OSError, ImportError):
+        pass
+    return None
+
+
+def _usable_glyphs(spec, size, check_resemblance, reference, seen):
+    """The ten glyphs of font ``spec`` and its name, or None to skip it.
+
+    Found fonts (``check_resemblance``) that are unusable, not scalable,
+    already ``seen`` (same family and style) or unlike ``reference`` are
+    skipped; the user's own fonts raise instead.
+    """
+    Image, ImageDraw, ImageFont = _import_pillow()
+    try:
+        font, name = _load_font(spec, size, ImageFont)
+    except ImportError as exc:
+        # Pillow built without FreeType cannot load font files.
+        if check_resemblance:
+            return None
+        raise ImportError(
+            f"Pillow cannot load the font file {spec!r} ({exc}); install a "
+            "Pillow built with FreeType (`pip install pillow` provides one), "
+            'or pass fonts=["default"] for its bitmap font.'
+        ) from exc
+    except OSError as exc:
+        if check_resemblance:
+            return None
+        raise ValueError(
+            f"The font file {spec!r} could not be loaded as a TrueType or "
+            f"OpenType font ({exc}); pass the path of a .ttf, .otf or .ttc "
+            "file."
+        ) from exc
+    scalable = isinstance(font, ImageFont.FreeTypeFont)
+    key = font.getname() if scalable else name
+    # Pillow's small bitmap font is a last resort (see _resolve_fonts).
+    if check_resemblance and (key in seen or not scalable):
+        return None
+    glyphs = _render_digits(font, Image, ImageDraw)
+    problem = _check_glyphs(glyphs)
+    if problem is not None:
+        if check_resemblance:
+            return None
+        raise ValueError(
+            f"The font {name!r} cannot be used: {problem}. Pass fonts that "
+            "have the digits 0-9."
+        )
+    if check_resemblance and not _looks_like_digits(glyphs, reference):
+        return None
+    seen.add(key)
+    return glyphs, name
+
+
+def _glyph_cells(glyphs, resolution):
+    """One font's glyphs scaled by one factor and centred in square cells.
+
+    Returns the uint8 cells ``(10, resolution, resolution)``, the ink width
+    of each glyph and the font's median ink height, in units of half a cell.
+    """
+    median_height = float(np.median([glyph.shape[0] for glyph in glyphs]))
+    max_width = max(glyph.shape[1] for glyph in glyphs)
+    scale = min(
+        _GLYPH_HEIGHT * resolution / median_height, 0.95 * resolution / max_width
+    )
+    cells = np.zeros((10, resolution, resolution), dtype=np.uint8)
+    for digit, glyph in enumerate(glyphs):
+        height = min(resolution, max(1, round(glyph.shape[0] * scale)))
+        width = min(resolution, max(1, round(glyph.shape[1] * scale)))
+        scaled = F.interpolate(
+            torch.from_numpy(glyph)[None, None],
+            size=(height, width),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )[0, 0]
+        top = (resolution - height) // 2
+        left = (resolution - width) // 2
+        cells[digit, top : top + height, left : left + width] = (
+            (scaled.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+        )
+    widths = [2 * glyph.shape[1] * scale / resolution for glyph in glyphs]
+    return cells, widths, 2 * median_height * scale / resolution
 
 
 def _resolve_fonts(fonts, resolution):
