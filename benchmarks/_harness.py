@@ -263,6 +263,7 @@ def parse(parser, argv=None):
             parser.error("--shard takes I/N, e.g. 0/4")
         if not 0 <= args.shard_index < args.shard_count:
             parser.error("--shard I/N needs 0 <= I < N")
+    args.json_given = args.json is not None
     if args.json is None:
         device = args.device.split(":")[0]
         if device == "auto":
@@ -684,6 +685,15 @@ def provenance_line(results):
         f"CUDA {meta.get('cuda')} | scikit-learn {meta.get('sklearn')} | "
         f"skassoc {meta.get('skassoc')} ({', '.join(git_revisions(meta, runs))}) | "
         f"{meta.get('date')}"
+    )
+
+
+def env_line(env):
+    """One line of provenance from an :func:`environment` record."""
+    return (
+        f"{env.get('device')} | torch {env.get('torch')} | CUDA {env.get('cuda')} | "
+        f"scikit-learn {env.get('sklearn')} | skassoc {env.get('skassoc')} "
+        f"({env.get('git_revision')}) | {env.get('date')}"
     )
 
 

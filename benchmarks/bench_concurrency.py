@@ -30,78 +30,53 @@ bf16 autocast:
     of the threads. Compare its milliseconds with those of (b): skassoc's
     step alone is faster than this script's, so it has less to gain.
 
-Run on a GPU (over a minute: the timed fits of part (d) alone took 74 s on
-an H100 in the committed results)::
+The table, from ``benchmarks/results/concurrency_cuda.json``::
+
+    python benchmarks/bench_concurrency.py --render-only
+
+Run on a GPU::
 
     python benchmarks/bench_concurrency.py
-
-Results go to ``--json`` (default ``benchmarks/results/concurrency_cuda.json``).
 """
 
-import argparse
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from _common import REPO_ROOT, environment, text_table, write_json
+from _harness import (
+    env_line,
+    environment,
+    load_json,
+    make_parser,
+    parse,
+    rst_table,
+    write_json,
+    write_text,
+)
 from bench_speed import BareMNISTNet, bare_losses
 
-# Benchmark the checkout this script belongs to, installed or not.
-sys.path.insert(0, str(REPO_ROOT))
-
-from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params
 
 IMAGES_PER_STEP = 200
 LABELED = 100
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--streams",
-        type=int,
-        nargs="+",
-        default=[2, 4, 8],
-        help="numbers of models replayed side by side, and batch multiples of (c)",
-    )
-    parser.add_argument("--steps", type=int, default=500, help="timed replays")
-    parser.add_argument(
-        "--fit-steps",
-        type=int,
-        default=1000,
-        help="steps of each skassoc fit in (d); 0 skips (d)",
-    )
-    parser.add_argument(
-        "--pool-size",
-        type=int,
-        default=10_000,
-        help="synthetic images each skassoc fit of (d) gets (100 labeled)",
-    )
-    parser.add_argument(
-        "--precisions",
-        nargs="+",
-        default=["tf32", "bf16"],
-        help="tf32 (float32 tensors, TF32 arithmetic) and/or bf16 (autocast)",
-    )
-    parser.add_argument(
-        "--json",
-        default=None,
-        help="results file (default benchmarks/results/concurrency_cuda.json)",
-    )
-    args = parser.parse_args(argv)
-    if min(args.streams) < 1 or args.steps < 1:
-        parser.error("--streams and --steps take positive integers")
-    if args.fit_steps < 0:
-        parser.error("--fit-steps takes 0 (skip) or a positive integer")
+    parser = make_parser(__doc__.split("\n\n")[0], "concurrency")
+    add = parser.add_argument
+    add("--streams", type=int, nargs="+", default=[2, 4, 8], help="values of N")
+    add("--steps", type=int, default=500, help="timed replays")
+    add("--fit-steps", type=int, default=1000, help="steps of a fit of (d); 0 skips")
+    add("--pool-size", type=int, default=10_000, help="images of a fit of (d)")
+    add("--precisions", nargs="+", default=["tf32", "bf16"], choices=["tf32", "bf16"])
+    parser.set_defaults(device="cuda")
+    args = parse(parser, argv)
+    if min(args.streams) < 1 or args.steps < 1 or args.fit_steps < 0:
+        parser.error("--streams, --steps and --fit-steps take positive integers")
     if args.pool_size < 200:
         parser.error("--pool-size must be at least 200 (100 labeled images)")
-    unknown = set(args.precisions) - {"tf32", "bf16"}
-    if unknown:
-        parser.error(f"--precisions takes tf32 and/or bf16, got {sorted(unknown)}")
-    # Each figure once: a repeated value would be measured twice and, for a
-    # precision, overwrite its own results.
+    # Each figure once: a repeated value would be measured twice.
     args.streams = sorted(set(args.streams))
     args.precisions = list(dict.fromkeys(args.precisions))
     return args
@@ -273,9 +248,52 @@ def measure_fits(precision, args, device):
     return rows
 
 
+def render(results):
+    """(b), (c) and (d) side by side: ms a step per model and the speed-up."""
+    header = ["N", "side by side (bare)", "N x batch (bare)", "skassoc in threads"]
+    cells = []
+    for precision in ("tf32", "bf16"):
+        if precision not in results:
+            continue
+        part = results[precision]
+        cells.append([precision.upper().replace("BF", "bf"), "", "", ""])
+        side = {r["models"]: r for r in part["side_by_side"]}
+        stacked = {r["batch_multiple"]: r for r in part["stacked"]}
+        stacked.setdefault(1, side[1])
+        fits = {r["fits"]: r for r in part.get("skassoc_threads", [])}
+
+        def cell(row, key="ms_per_step"):
+            return f"{row[key]:.3f} ms ({row['speedup']:.2f}x)" if row else "n/a"
+
+        for n in sorted(side):
+            stack = stacked.get(n)
+            key = (
+                "ms_per_200_images" if stack and "ms_per_200_images" in stack else None
+            )
+            cells.append(
+                [
+                    str(n),
+                    cell(side[n]),
+                    cell(stack, key or "ms_per_step"),
+                    cell(fits.get(n)),
+                ]
+            )
+    return f"{env_line(results['environment'])}\n\n{rst_table(header, cells)}"
+
+
 def main(argv=None):
-    """Measure, print the tables and write the JSON; see the module docstring."""
+    """Measure, write the JSON and the table; see the module docstring."""
     args = parse_args(argv)
+    if args.render_only:
+        results = load_json(args.json)
+    else:
+        results = run(args)
+    text = render(results)
+    write_text(args.table, text + "\n")
+    print(f"{text}\n\nwrote {args.table}")
+
+
+def run(args):
     if not torch.cuda.is_available():
         raise SystemExit(
             "error: bench_concurrency.py measures CUDA streams and graphs and "
@@ -283,18 +301,16 @@ def main(argv=None):
         )
     device = torch.device("cuda")
     if "bf16" in args.precisions and not torch.cuda.is_bf16_supported():
-        # Autocast would fall back to float32 with only a warning, and the
-        # float32 figures would be recorded as bf16.
+        # Autocast would fall back to float32 with only a warning.
         raise SystemExit(
-            "error: this GPU has no bf16 arithmetic; run with --precisions tf32."
+            "error: this GPU has no bf16 arithmetic; use --precisions tf32"
         )
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    out = args.json or REPO_ROOT / "benchmarks" / "results" / "concurrency_cuda.json"
     results = {
         "environment": environment(device),
-        "args": {**vars(args), "json": str(out)},
+        "args": vars(args),
         "backend": {
             "cudnn_benchmark": True,
             "cudnn_allow_tf32": True,
@@ -303,55 +319,9 @@ def main(argv=None):
     }
     for precision in args.precisions:
         results[precision] = measure(precision, args, device)
-        write_json(out, results)
-        side = results[precision]["side_by_side"]
-        print(f"\n{precision}: models replayed side by side, one stream each")
-        print(
-            text_table(
-                ["Models", "ms a step per model", "Speed-up"],
-                [
-                    [r["models"], f"{r['ms_per_step']:.3f}", f"{r['speedup']:.2f}x"]
-                    for r in side
-                ],
-            )
-        )
-        print(f"\n{precision}: one model, batch of N x {IMAGES_PER_STEP} images")
-        print(
-            text_table(
-                ["N", "ms a step", f"ms per {IMAGES_PER_STEP} images", "Speed-up"],
-                [
-                    [
-                        r["batch_multiple"],
-                        f"{r['ms_per_step']:.3f}",
-                        f"{r['ms_per_200_images']:.3f}",
-                        f"{r['speedup']:.2f}x",
-                    ]
-                    for r in results[precision]["stacked"]
-                ],
-            )
-        )
-        if "skassoc_threads" in results[precision]:
-            print(
-                f"\n{precision}: skassoc fits of {args.fit_steps} steps, "
-                "one after another and in threads"
-            )
-            print(
-                text_table(
-                    ["Fits", "Serial s", "Threads s", "ms a step per fit", "Speed-up"],
-                    [
-                        [
-                            r["fits"],
-                            f"{r['serial_s']:.2f}",
-                            f"{r['threads_s']:.2f}",
-                            f"{r['ms_per_step']:.3f}",
-                            f"{r['speedup']:.2f}x",
-                        ]
-                        for r in results[precision]["skassoc_threads"]
-                    ],
-                )
-            )
-    print(f"\nwrote {out}")
+        write_json(args.json, results)
+    return results
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

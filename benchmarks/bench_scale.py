@@ -1,7 +1,7 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
 Three measurements on MNIST with the paper's recipe (100 labels), each a
-section of its own (``--sections``):
+section of its own:
 
 ``search``
     ``GridSearchCV`` over 8 candidates (``visit_weight`` x ``walker_weight``
@@ -33,21 +33,21 @@ section of its own (``--sections``):
     (``VmHWM``, which also counts the file's cached pages mapped in), and
     peak GPU memory.
 
-Run on a GPU (about 3 minutes)::
+The table (section ``batch``), from ``benchmarks/results/scale_cuda.json``::
+
+    python benchmarks/bench_scale.py --device cuda --render-only
+
+Run a section (``--only``; default all three), on a GPU or on a CPU::
 
     python benchmarks/bench_scale.py --device cuda
+    python benchmarks/bench_scale.py --device cpu --only memmap \\
+        --memmap-steps 20 --pool-size 200000 --json /tmp/scale.json
 
-and a short CPU run::
-
-    python benchmarks/bench_scale.py --device cpu --sections memmap \\
-        --memmap-steps 20 --pool-size 200000
-
-Results go to ``--json`` (default ``benchmarks/results/scale_<device>.json``).
+Each section is written to the JSON with the machine and the arguments it ran
+with; the sections not run keep what the file held.
 """
 
-import argparse
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -56,22 +56,23 @@ from pathlib import Path
 import joblib
 import numpy as np
 import torch
-from _common import (
-    REPO_ROOT,
-    default_data_home,
+from _harness import (
+    env_line,
     environment,
+    load_json,
+    make_parser,
+    mnist_home,
+    parse,
     resolve_device,
+    rst_table,
     synchronize,
-    text_table,
     write_json,
+    write_text,
 )
 from sklearn.model_selection import GridSearchCV
 
-# Benchmark the checkout this script belongs to, installed or not.
-sys.path.insert(0, str(REPO_ROOT))
-
-from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
-from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params
+from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
 SEARCH_GRID = {
     "visit_weight": [0.5, 1.0],
@@ -140,21 +141,6 @@ def run_search(data, args, device):
     serial = next((r["seconds"] for r in rows if r["mode"] == "serial"), None)
     for row in rows:
         row["speedup_vs_serial"] = serial / row["seconds"] if serial else None
-    print(
-        text_table(
-            ["Mode", "Candidates", "Steps each", "Wall s", "Speed-up"],
-            [
-                [
-                    r["mode"],
-                    r["candidates"],
-                    r["steps_per_fit"],
-                    f"{r['seconds']:.1f}",
-                    f"{r['speedup_vs_serial']:.2f}x" if serial else "n/a",
-                ]
-                for r in rows
-            ],
-        )
-    )
     return rows
 
 
@@ -191,20 +177,6 @@ def run_batch(data, args, device):
                 torch.cuda.empty_cache()
             rows.append(row)
             print(row, flush=True)
-    print(
-        text_table(
-            ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"],
-            [
-                [
-                    r["unlabeled_batch_size"],
-                    r["precision"],
-                    f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"],
-                    f"{r['peak_gpu_mib']:.0f}" if "peak_gpu_mib" in r else "n/a",
-                ]
-                for r in rows
-            ],
-        )
-    )
     return rows
 
 
@@ -299,74 +271,65 @@ def run_memmap(data, args, device):
         path.unlink()
         os.rmdir(folder)
     print(row, flush=True)
-    print(
-        text_table(
-            ["Pool", "File MiB", "ms/step memmap", "ms/step in memory", "+private MiB"],
-            [
-                [
-                    row["pool_images"],
-                    f"{row['file_mib']:.0f}",
-                    f"{row['ms_per_step_memmap']:.2f}",
-                    f"{row['ms_per_step_in_memory_60k']:.2f}",
-                    f"{row['peak_private_memory_growth_mib']:.0f}",
-                ]
-            ],
-        )
-    )
     return row
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--data-home", default=None)
-    parser.add_argument(
-        "--sections",
-        nargs="+",
-        default=["search", "batch", "memmap"],
-        choices=["search", "batch", "memmap"],
-    )
-    parser.add_argument("--seed", type=int, default=0, help="label draw")
-    parser.add_argument("--search-steps", type=int, default=2000)
-    parser.add_argument(
-        "--search-modes",
-        nargs="+",
-        default=["serial", "threads"],
-        choices=["serial", "threads", "processes"],
-    )
-    parser.add_argument(
-        "--unlabeled-sizes", type=int, nargs="+", default=[1000, 5000, 20000, 60000]
-    )
-    parser.add_argument("--precisions", nargs="+", default=["tf32", "bf16"])
-    parser.add_argument("--batch-steps", type=int, default=23)
-    parser.add_argument("--pool-size", type=int, default=1_000_000)
-    parser.add_argument("--pool-dir", default=None, help="default: a temporary folder")
-    parser.add_argument("--memmap-steps", type=int, default=2000)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    if args.batch_steps <= 3:
-        # The step time is the difference to a 3-step fit of the same shape.
-        parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
-    return args
+def render(results):
+    """Section ``batch``: ms per step and peak GPU memory by batch size."""
+    batch = results["batch"]
+    header = ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"]
+    cells = [
+        [
+            f"{r['unlabeled_batch_size']:,}",
+            r["precision"],
+            f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"],
+            f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a",
+        ]
+        for r in batch["rows"]
+    ]
+    return f"{env_line(batch['environment'])}\n\n{rst_table(header, cells)}"
+
+
+SECTIONS = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    data_home = args.data_home or default_data_home()
-    X_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)
-    X_test, y_test = load_mnist("test", data_home=data_home, return_X_y=True)
-    y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
-    data = (X_train, y_semi, X_test, y_test)
-    results = {"environment": environment(device), "args": vars(args)}
-    out = (
-        args.json or REPO_ROOT / "benchmarks" / "results" / f"scale_{device.type}.json"
-    )
-    sections = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
-    for name in args.sections:
-        results[name] = sections[name](data, args, device)
-        write_json(out, results)
-    print(f"wrote {out}")
+    parser = make_parser(__doc__.split("\n\n")[0], "scale")
+    add = parser.add_argument
+    add("--seed", type=int, default=0, help="label draw")
+    add("--search-steps", type=int, default=2000)
+    modes = ["serial", "threads", "processes"]
+    add("--search-modes", nargs="+", default=modes[:2], choices=modes)
+    add("--unlabeled-sizes", type=int, nargs="+", default=[1000, 5000, 20000, 60000])
+    add("--precisions", nargs="+", default=["tf32", "bf16"])
+    add("--batch-steps", type=int, default=23)
+    add("--pool-size", type=int, default=1_000_000)
+    add("--pool-dir", default=None, help="default: a temporary folder")
+    add("--memmap-steps", type=int, default=2000)
+    args = parse(parser, argv)
+    if args.batch_steps <= 3:
+        # The step time is the difference to a 3-step fit of the same shape.
+        parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
+    results = load_json(args.json) if Path(args.json).is_file() else {}
+    if not args.render_only:
+        device = resolve_device(args.device)
+        home = mnist_home(args.data_home)
+        X_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
+        X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+        y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
+        data = (X_train, y_semi, X_test, y_test)
+        for name, section in SECTIONS.items():
+            if args.only and name not in args.only:
+                continue
+            env = {"environment": environment(device), "args": vars(args)}
+            rows = section(data, args, device)
+            key = "row" if name == "memmap" else "rows"
+            results[name] = {**env, key: rows}
+            write_json(args.json, results)
+    if "batch" in results and args.table:
+        text = render(results)
+        write_text(args.table, text + "\n")
+        print(f"{text}\n\nwrote {args.table}")
 
 
 if __name__ == "__main__":
