@@ -1,23 +1,16 @@
 """The benchmarks' shared harness: cases as data, one runner, one parser.
 
-A benchmark is a list of :class:`Case` (a table row: estimator parameters,
-the labels it is fitted with and how many label draws) plus a function that
-fits one run. :func:`main` plans the runs of the cases picked on the command
-line, skips those already finished in the JSON (resume), fits the others,
-rewrites the JSON after every run and renders the JSON into the one
-reStructuredText table that the docs include. ``--render-only`` rebuilds that
-table from the JSON alone.
-
-The JSON holds ``meta`` (machine and versions of the last process), ``rows``
-(the table: one per case, with the keys of its runs) and ``runs`` (keyed
-``part/setting/labels/draw``, each with the revision, source digest and
-device it ran on).
+A benchmark is a list of :class:`Case` (a table row) and a function that fits
+one run. :func:`main` fits the runs of the picked cases that the JSON does not
+hold yet (resume), rewrites it after every run and renders it into the table
+the docs include; ``--render-only`` rebuilds that table from the JSON alone.
+The JSON holds ``meta``, ``rows`` (one per case, with the keys of its runs)
+and ``runs`` (keyed ``part/setting/labels/draw``, each with its provenance).
 """
 
 import argparse
 import copy
 import dataclasses
-import datetime
 import fnmatch
 import hashlib
 import json
@@ -84,20 +77,10 @@ def device_description(device):
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    name = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(
-                (
-                    ln.split(":", 1)[1].strip()
-                    for ln in f
-                    if ln.startswith("model name")
-                ),
-                name,
-            )
-    except OSError:
-        pass
-    return f"{name or platform.machine()}, {os.cpu_count()} logical CPUs"
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    names = [ln.split(":")[1].strip() for ln in lines if ln.startswith("model name")]
+    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} logical CPUs"
 
 
 def git_revision():
@@ -116,11 +99,8 @@ def git_revision():
 
 
 def source_digest(root=REPO_ROOT):
-    """SHA-256 of the package's and the benchmarks' Python sources.
-
-    A copy of the working tree run on another machine may carry older git
-    metadata than its files; this digest comes from the files themselves.
-    """
+    """SHA-256 of the package's and the benchmarks' Python sources (a copy of
+    the tree run elsewhere may carry older git metadata than its files)."""
     root = Path(root)
     digest = hashlib.sha256()
     files = sorted(
@@ -210,41 +190,27 @@ def write_json(path, data):
 
 
 def load_json(path):
-    with open(path) as f:
-        return json.load(f)
+    return json.loads(Path(path).read_text())
 
 
 # ----------------------------------------------------------------- parser
 
 
 def make_parser(description, stem):
-    """The options every benchmark shares; scripts add their own to it.
-
-    ``stem`` names the default files: ``benchmarks/results/<stem>_<device>``
-    with ``.json`` and ``.rst``.
-    """
+    """The options every benchmark shares; ``stem`` names the default files
+    ``benchmarks/results/<stem>_<device>.json`` and ``.rst``."""
     parser = argparse.ArgumentParser(description=description)
     parser.set_defaults(stem=stem)
     add = parser.add_argument
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add("--data-home", default=None, help="folder of the data set's files")
     add("--draws", type=int, help="label draws of every case (default: the case's)")
-    add(
-        "--only",
-        action="append",
-        metavar="PATTERN",
-        help="run only the cases whose part/setting/labels matches this glob "
-        "(repeatable)",
-    )
+    add("--only", action="append", help="glob of part/setting/labels (repeatable)")
     add("--shard", help="I/N: train only every N-th run from the I-th (one per GPU)")
     add("--max-iter", type=int, help="training steps of every fit (quick runs)")
     add("--json", help=f"results (default benchmarks/results/{stem}_<device>.json)")
     add("--table", help="rendered table (default: the JSON's path with .rst)")
-    add(
-        "--render-only",
-        action="store_true",
-        help="rebuild the table from the JSON; train nothing",
-    )
+    add("--render-only", action="store_true", help="rebuild the table from the JSON")
     add("--merge", nargs="+", metavar="JSON", help="join these JSON files into --json")
     return parser
 
@@ -324,39 +290,18 @@ def plan(cases, args, device_type, common):
         configs = [config_of(case, d, args, device_type, common) for d in range(draws)]
         signatures = [signature_of(c) for c in configs]
         for key, config, signature in zip(keys, configs, signatures, strict=True):
-            jobs.setdefault(signature, {"config": config, "keys": []})["keys"].append(
-                key
-            )
-        rows.append(
-            {
-                "part": case.part,
-                "setting": case.setting,
-                "labels": case.labels,
-                "title": case.title or case.setting,
-                "paper": case.paper,
-                "draws": draws,
-                "keys": keys,
-                "signatures": signatures,
-            }
-        )
+            job = jobs.setdefault(signature, {"config": config, "keys": []})
+            job["keys"].append(key)
+        row = dict(part=case.part, setting=case.setting, labels=case.labels)
+        row.update(title=case.title or case.setting, paper=case.paper, draws=draws)
+        rows.append({**row, "keys": keys, "signatures": signatures})
     return rows, jobs
 
 
-def _started(record):
-    try:
-        return datetime.datetime.strptime(record["started"], "%Y-%m-%d %H:%M:%S %z")
-    except (KeyError, TypeError, ValueError):
-        return datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
-
-
 def keep_better_run(current, candidate):
-    """Of two records of one run, a finished one, then the one trained last."""
-    if current is None:
-        return candidate
-    ok, current_ok = candidate.get("status") == "ok", current.get("status") == "ok"
-    if ok != current_ok:
-        return candidate if ok else current
-    return candidate if _started(candidate) >= _started(current) else current
+    """Of two records of one run, a finished one, then the one started last."""
+    records = [r for r in (candidate, current) if r is not None]
+    return max(records, key=lambda r: (r.get("status") == "ok", r.get("started", "")))
 
 
 def merge_rows(rows, new_rows, prefer_new=False):
@@ -384,11 +329,7 @@ def merge(paths):
             runs[key] = keep_better_run(runs.get(key), record)
         rows = merge_rows(rows, old.get("rows", []))
     meta = {**(metas[0] if metas else {}), "merged_from": list(map(str, paths))}
-    return {
-        "meta": {**meta, "shards": metas, "shard": None},
-        "rows": rows,
-        "runs": runs,
-    }
+    return {"meta": {**meta, "shards": metas}, "rows": rows, "runs": runs}
 
 
 def main(cases, args, fit, render, load_data, common=None):
@@ -415,11 +356,7 @@ def main(cases, args, fit, render, load_data, common=None):
     device = resolve_device(args.device)
     common = dict(common or {})
     rows, jobs = plan(cases, args, device.type, common)
-    jobs = [
-        job
-        for i, job in enumerate(jobs.items())
-        if i % args.shard_count == args.shard_index
-    ]
+    jobs = list(jobs.items())[args.shard_index :: args.shard_count]
     results["meta"].update(environment(device))
     results["meta"]["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     results["rows"] = merge_rows(results["rows"], rows, prefer_new=True)
@@ -456,13 +393,10 @@ def main(cases, args, fit, render, load_data, common=None):
 
 
 def _fit_run(signature, config, fit, data, device, results):
-    meta = results["meta"]
-    record = {
-        "signature": signature,
-        "config": config,
-        **{k: meta[k] for k in ("device", "git_revision", "source_digest")},
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-    }
+    record = {"signature": signature, "config": config}
+    record.update({k: results["meta"][k] for k in ("device", "git_revision")})
+    record["source_digest"] = results["meta"]["source_digest"]
+    record["started"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     start = time.perf_counter()
     try:
         record.update(fit(config, data, device))

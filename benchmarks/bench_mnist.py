@@ -69,74 +69,44 @@ MEDIUM = {"affine_std": 0.1, "translate_std": 1.5, "blur_probability": 0.0}
 LABELED = {"unlabeled": False}
 IMPROVED = {"augmentation": LABELED, "visit_weight": 1.5}
 STEPS_12K = {"max_iter": 12_000, "lr_decay_steps": 3_000}
+MILD_VISIT = {"augmentation": {**MILD, **LABELED}, "visit_weight": 1.5}
+IMPROVED_12K = {"augmentation": LABELED, "visit_weight": 1.5, **STEPS_12K}
 
 #: Overrides of recipe "paper", one row of the ablations table each.
 ABLATIONS = {
     "+mild labeled augmentation": {"augmentation": {**MILD, **LABELED}},
-    "+mild labeled augmentation+visit1.5": {
-        "augmentation": {**MILD, **LABELED},
-        "visit_weight": 1.5,
-    },
-    "+mild labeled augmentation+visit2": {
-        "augmentation": {**MILD, **LABELED},
-        "visit_weight": 2.0,
-    },
+    "+mild labeled augmentation+visit1.5": MILD_VISIT | {"visit_weight": 1.5},
+    "+mild labeled augmentation+visit2": MILD_VISIT | {"visit_weight": 2.0},
     "+medium labeled augmentation+visit1.5": {
         "augmentation": {**MEDIUM, **LABELED},
         "visit_weight": 1.5,
     },
-    "+mild labeled augmentation+visit1.5+12k steps": {
-        "augmentation": {**MILD, **LABELED},
-        "visit_weight": 1.5,
-        **STEPS_12K,
-    },
+    "+mild labeled augmentation+visit1.5+12k steps": MILD_VISIT | STEPS_12K,
     "+labeled augmentation+visit1.5": IMPROVED,
     "+labeled augmentation+12k steps": {"augmentation": LABELED, **STEPS_12K},
     "+labeled augmentation+visit1.5+12k steps": {**IMPROVED, **STEPS_12K},
-    "+labeled augmentation+visit2+12k steps": {
-        "augmentation": LABELED,
-        "visit_weight": 2.0,
-        **STEPS_12K,
-    },
-    "+strong labeled augmentation+visit1.5+12k steps": {
-        "augmentation": {"affine_std": 0.2, "translate_std": 2.5, **LABELED},
-        "visit_weight": 1.5,
-        **STEPS_12K,
-    },
-    "+labeled augmentation without blur+visit1.5": {
-        "augmentation": {"blur_probability": 0.0, **LABELED},
-        "visit_weight": 1.5,
-    },
-    "+labeled augmentation+visit1.5+ema": {**IMPROVED, "ema_decay": 0.999},
-    "+labeled augmentation+visit1.5+300 unlabeled": {
-        **IMPROVED,
-        "unlabeled_batch_size": 300,
-    },
-    "+labeled augmentation+visit1.5+20 labeled per class": {
-        **IMPROVED,
-        "labeled_per_class": 20,
-    },
-    "+labeled augmentation+visit1.5+svhn network": {**IMPROVED, "network": "svhn"},
-    "+labeled augmentation+visit1.5+40k steps": {
-        **IMPROVED,
-        "max_iter": 40_000,
-        "lr_decay_steps": 10_000,
-    },
-    "+labeled augmentation+visit1.5+lr 5e-4": {**IMPROVED, "learning_rate": 5e-4},
-    "+labeled augmentation+visit1.5+lr 2e-3": {**IMPROVED, "learning_rate": 2e-3},
-    "+labeled augmentation+visit1.5+embedding 256": {**IMPROVED, "embedding_dim": 256},
-    "+labeled augmentation+visit1.5+elastic": {
-        **IMPROVED,
-        "augmentation": {**LABELED, "elastic_alpha": 34.0, "elastic_sigma": 4.0},
-    },
-    "+labeled augmentation+visit1.5+strong elastic": {
-        **IMPROVED,
-        "augmentation": {**LABELED, "elastic_alpha": 50.0, "elastic_sigma": 4.0},
-    },
-    "+labeled augmentation+visit1.5+consistency": {
-        **IMPROVED,
-        "consistency_weight": 1.0,
-    },
+    "+labeled augmentation+visit2+12k steps": IMPROVED_12K | {"visit_weight": 2.0},
+    "+strong labeled augmentation+visit1.5+12k steps": IMPROVED_12K
+    | {"augmentation": {"affine_std": 0.2, "translate_std": 2.5, **LABELED}},
+    "+labeled augmentation without blur+visit1.5": IMPROVED
+    | {"augmentation": {"blur_probability": 0.0, **LABELED}},
+    "+labeled augmentation+visit1.5+ema": IMPROVED | {"ema_decay": 0.999},
+    "+labeled augmentation+visit1.5+300 unlabeled": IMPROVED
+    | {"unlabeled_batch_size": 300},
+    "+labeled augmentation+visit1.5+20 labeled per class": IMPROVED
+    | {"labeled_per_class": 20},
+    "+labeled augmentation+visit1.5+svhn network": IMPROVED | {"network": "svhn"},
+    "+labeled augmentation+visit1.5+40k steps": IMPROVED
+    | {"max_iter": 40_000, "lr_decay_steps": 10_000},
+    "+labeled augmentation+visit1.5+lr 5e-4": IMPROVED | {"learning_rate": 5e-4},
+    "+labeled augmentation+visit1.5+lr 2e-3": IMPROVED | {"learning_rate": 2e-3},
+    "+labeled augmentation+visit1.5+embedding 256": IMPROVED | {"embedding_dim": 256},
+    "+labeled augmentation+visit1.5+elastic": IMPROVED
+    | {"augmentation": {**LABELED, "elastic_alpha": 34.0, "elastic_sigma": 4.0}},
+    "+labeled augmentation+visit1.5+strong elastic": IMPROVED
+    | {"augmentation": {**LABELED, "elastic_alpha": 50.0, "elastic_sigma": 4.0}},
+    "+labeled augmentation+visit1.5+consistency": IMPROVED
+    | {"consistency_weight": 1.0},
     "unlabeled in epochs": {"unlabeled_sampling": "epochs"},
     "as the authors' code": {"precision": "fp32", "unlabeled_sampling": "epochs"},
 }
