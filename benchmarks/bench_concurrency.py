@@ -1,34 +1,19 @@
 """How much one GPU gains from running several small training steps at once.
 
-``GridSearchCV(n_jobs=k)`` with ``device="cuda"`` fits candidates in threads,
-each on a CUDA stream of its own, so the GPU may run their steps side by
-side. Parts (a) to (c) measure the most that can gain at the paper's batch
-size (100 labeled + 100 unlabeled MNIST-sized images a step), free of
-anything skassoc does: the paper's network and losses as written in
-``bench_speed.py`` (the bare loop's), Adam with ``capturable=True``, each
-model's step captured as a CUDA graph on random inputs. Measured, for
-TF32 (``float32`` tensors, TF32 matrix products and convolutions) and for
-bf16 autocast:
-
-(a) one graph replayed alone: milliseconds a step;
-(b) ``N`` independent models (``--streams``), their graphs replayed in turn
-    from one thread, each on a stream of its own: milliseconds a step per
-    model, and the speed-up over (a) (the most that ``N`` fits in threads
-    can gain, without Python, locks or synchronisation in the way);
-(c) one model whose batch holds ``N`` x 200 images (half labeled): the
-    milliseconds per 200 images estimate what stacking ``N`` candidates into
-    one network (grouped convolutions, ``torch.func.vmap``) could gain. It
-    is an estimate: the stacked candidates would have ``N`` sets of weights
-    and ``N`` association matrices of 100 x 100, where this model has one
-    set of weights and one matrix of ``100 N`` x ``100 N``;
-(d) skassoc itself: ``N`` fits of ``--fit-steps`` steps (recipe
-    ``"paper"``, ``device="cuda"`` and the precision at hand, on synthetic
-    28 x 28 images, 100 of them labeled) one after another, then at once in
-    ``N`` threads of this process, as ``GridSearchCV`` under joblib's
-    threading backend runs them: wall time of the whole fits (validation,
-    copy to the GPU, capture), milliseconds a step per fit, and the speed-up
-    of the threads. Compare its milliseconds with those of (b): skassoc's
-    step alone is faster than this script's, so it has less to gain.
+``GridSearchCV`` with ``device="cuda"`` fits candidates in threads, each on a
+CUDA stream of its own. Parts (a)-(c) measure the most that can gain at the
+paper's batch (100 labeled + 100 unlabeled 28x28 images), free of anything
+skassoc does: the bare loop's network and losses of ``bench_speed.py``, Adam
+with ``capturable=True``, each model's step captured as a CUDA graph on random
+inputs, in TF32 and in bf16 autocast. (a) One graph replayed alone, ms a step.
+(b) ``N`` models (``--streams``) replayed in turn from one thread, each on its
+own stream: ms a step per model and the speed-up over (a). (c) One model with
+an ``N`` x 200-image batch, ms per 200 images: an estimate of stacking ``N``
+candidates into one network (which would have ``N`` sets of weights and
+``N`` association matrices where this has one). (d) skassoc itself: ``N``
+whole fits of ``--fit-steps`` steps of recipe "paper" on synthetic images,
+one after another, then in ``N`` threads as joblib's threading backend runs
+them: ms a step per fit and the speed-up of the threads.
 
 The table, from ``benchmarks/results/concurrency_cuda.json``::
 
@@ -42,18 +27,9 @@ Run on a GPU::
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import _harness as h
 import numpy as np
 import torch
-from _harness import (
-    env_line,
-    environment,
-    load_json,
-    make_parser,
-    parse,
-    rst_table,
-    write_json,
-    write_text,
-)
 from bench_speed import BareMNISTNet, bare_losses
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
@@ -63,7 +39,7 @@ LABELED = 100
 
 
 def parse_args(argv=None):
-    parser = make_parser(__doc__.split("\n\n")[0], "concurrency")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "concurrency")
     add = parser.add_argument
     add("--streams", type=int, nargs="+", default=[2, 4, 8], help="values of N")
     add("--steps", type=int, default=500, help="timed replays")
@@ -71,7 +47,7 @@ def parse_args(argv=None):
     add("--pool-size", type=int, default=10_000, help="images of a fit of (d)")
     add("--precisions", nargs="+", default=["tf32", "bf16"], choices=["tf32", "bf16"])
     parser.set_defaults(device="cuda")
-    args = parse(parser, argv)
+    args = h.parse(parser, argv)
     if min(args.streams) < 1 or args.steps < 1 or args.fit_steps < 0:
         parser.error("--streams, --steps and --fit-steps take positive integers")
     if args.pool_size < 200:
@@ -134,17 +110,7 @@ def seconds_per_round(graphs, streams, rounds, device):
 
 
 def measure(precision, args, device):
-    """Parts (a) to (d) in one precision.
-
-    Returns
-    -------
-    results : dict
-        ``"side_by_side"``: rows of (a) and (b) (``models``, ``ms_per_step``
-        per model, ``speedup`` over one model alone); ``"stacked"``: rows of
-        (c) (``batch_multiple``, ``images_per_step``, ``ms_per_step``,
-        ``ms_per_200_images``, ``speedup``); ``"skassoc_threads"`` (unless
-        ``--fit-steps 0``): rows of (d), see :func:`measure_fits`.
-    """
+    """Parts (a) to (d) in one precision."""
     bf16 = precision == "bf16"
     n_max = max(args.streams)
     steps = [captured_step(device, bf16, seed=i) for i in range(n_max)]
@@ -194,16 +160,8 @@ def synthetic_images(n_images, seed=0):
 
 
 def measure_fits(precision, args, device):
-    """Part (d): skassoc fits on ``device`` one after another, then in threads.
-
-    Returns
-    -------
-    rows : list of dict
-        ``fits``, ``serial_s`` (``fits`` fits one after another; for fewer
-        than the largest ``N``, that many times the mean fit of the largest
-        serial run), ``threads_s``, ``ms_per_step`` (threads' wall time per
-        step of each fit) and ``speedup``.
-    """
+    """Part (d): skassoc fits on ``device`` one after another, then in threads
+    (the serial time of fewer than the most fits: that many mean fits)."""
     X, y = synthetic_images(args.pool_size)
 
     def fit(seed, steps=args.fit_steps):
@@ -278,18 +236,18 @@ def render(results):
                     cell(fits.get(n)),
                 ]
             )
-    return f"{env_line(results['environment'])}\n\n{rst_table(header, cells)}"
+    return f"{h.env_line(results['environment'])}\n\n{h.rst_table(header, cells)}"
 
 
 def main(argv=None):
     """Measure, write the JSON and the table; see the module docstring."""
     args = parse_args(argv)
     if args.render_only:
-        results = load_json(args.json)
+        results = h.load_json(args.json)
     else:
         results = run(args)
     text = render(results)
-    write_text(args.table, text + "\n")
+    h.write_text(args.table, text + "\n")
     print(f"{text}\n\nwrote {args.table}")
 
 
@@ -309,7 +267,7 @@ def run(args):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     results = {
-        "environment": environment(device),
+        "environment": h.environment(device),
         "args": vars(args),
         "backend": {
             "cudnn_benchmark": True,
@@ -319,7 +277,7 @@ def run(args):
     }
     for precision in args.precisions:
         results[precision] = measure(precision, args, device)
-        write_json(args.json, results)
+        h.write_json(args.json, results)
     return results
 
 

@@ -22,18 +22,8 @@ Run (one process per GPU with ``--shard I/N``, then ``--merge``)::
 
 import functools
 
+import _harness as h
 import numpy as np
-from _harness import (
-    TABLE_HEADER,
-    Case,
-    fit_estimator,
-    make_parser,
-    mnist_home,
-    parse,
-    render_parts,
-    table_cells,
-)
-from _harness import main as run_main
 
 from skassoc import recipe_params
 from skassoc.datasets import (
@@ -56,7 +46,7 @@ PAIRS = {
 #: training; a small one saves time.
 SUPERVISED = {"walker_weight": 0.0, "visit_weight": 0.0, "unlabeled_batch_size": 100}
 CASES = [
-    Case(
+    h.Case(
         pair,
         condition,
         "all",
@@ -80,7 +70,7 @@ class Domains:
     """The 3x32x32 images of a pair and seed, made once each."""
 
     def __init__(self, args):
-        home = mnist_home(args.data_home)
+        home = h.mnist_home(args.data_home)
         self.mnist = load_mnist("train", data_home=home, return_X_y=True)
         self.mnist_test = load_mnist("test", data_home=home, return_X_y=True)
 
@@ -115,7 +105,7 @@ def fit(config, domains, device):
             np.concatenate([y_src, np.full(len(X_tgt), -1)]),
         ),
     }[config["fit_on"]]
-    return fit_estimator(params, X, y, X_test, y_test, device)
+    return h.fit_estimator(params, X, y, X_test, y_test, device)
 
 
 def render(results):
@@ -126,18 +116,18 @@ def render(results):
         "MNIST-M, an analogue only."
     ]
     parts = [
-        (pair, title, f"Pair {pair}.", TABLE_HEADER, table_cells)
+        (pair, title, f"Pair {pair}.", h.TABLE_HEADER, h.table_cells)
         for pair, (title, _, _) in PAIRS.items()
     ]
-    return render_parts(results, "Domain adaptation", notes, parts)
+    return h.render_parts(results, "Domain adaptation", notes, parts)
 
 
 def main(argv=None):
-    parser = make_parser(__doc__.split("\n\n")[0], "domain_adaptation")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "domain_adaptation")
     parser.add_argument("--source-size", type=int, default=60_000)
-    args = parse(parser, argv)
+    args = h.parse(parser, argv)
     common = {"source_size": args.source_size}
-    return run_main(CASES, args, fit, render, Domains, common)
+    return h.main(CASES, args, fit, render, Domains, common)
 
 
 if __name__ == "__main__":

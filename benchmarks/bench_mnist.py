@@ -26,23 +26,8 @@ Quick check on a CPU::
 
 import time
 
+import _harness as h
 import numpy as np
-from _harness import (
-    MEDIAN_CONFIDENCE,
-    TABLE_HEADER,
-    Case,
-    finished_runs,
-    fit_estimator,
-    make_parser,
-    median_cell,
-    mnist_home,
-    parse,
-    range_cell,
-    render_parts,
-    scores,
-    table_cells,
-)
-from _harness import main as run_main
 
 from skassoc import recipe_params
 from skassoc.datasets import load_mnist, make_semi_supervised_labels
@@ -132,11 +117,11 @@ def _ablation_title(name):
 PAPER_TITLE = 'skassoc, recipe "paper"'
 CASES = [
     *(
-        Case("table1", "paper", n, _paper(), 40, PAPER_TITLE, PAPER_TABLE1[n])
+        h.Case("table1", "paper", n, _paper(), 40, PAPER_TITLE, PAPER_TABLE1[n])
         for n in LABELS_PER_CLASS
     ),
     *(
-        Case(
+        h.Case(
             "visit",
             f"visit_weight={w:g}",
             "1000",
@@ -150,7 +135,7 @@ CASES = [
         case
         for n in ("100", "1000")
         for case in (
-            Case(
+            h.Case(
                 "baselines",
                 "supervised",
                 n,
@@ -160,7 +145,7 @@ CASES = [
                 fit_on="labeled",
             ),
             *(
-                Case(
+                h.Case(
                     "baselines",
                     method,
                     n,
@@ -178,11 +163,11 @@ CASES = [
                     ),
                 )
             ),
-            Case("baselines", "paper", n, _paper(), 3, PAPER_TITLE, PAPER_TABLE1[n]),
+            h.Case("baselines", "paper", n, _paper(), 3, PAPER_TITLE, PAPER_TABLE1[n]),
         )
     ),
     *(
-        Case(
+        h.Case(
             "recipes",
             recipe,
             n,
@@ -194,9 +179,9 @@ CASES = [
         for recipe in ("paper", "improved", "consistency")
         for n in ("100", "1000")
     ),
-    Case("ablations", "paper", "100", _paper(), 40, PAPER_TITLE, PAPER_TABLE1["100"]),
+    h.Case("ablations", "paper", "100", _paper(), 40, PAPER_TITLE, PAPER_TABLE1["100"]),
     *(
-        Case(
+        h.Case(
             "ablations",
             name,
             "100",
@@ -207,7 +192,7 @@ CASES = [
         )
         for name, overrides in ABLATIONS.items()
     ),
-    Case(
+    h.Case(
         "checkpoints",
         "paper",
         "100",
@@ -218,7 +203,7 @@ CASES = [
         options={"track_test_error": True},
     ),
     *(
-        Case(
+        h.Case(
             "seeds",
             f"{recipe}-draw{d}",
             "100",
@@ -240,7 +225,7 @@ class Data:
     """MNIST arrays and PCA features, loaded or computed once."""
 
     def __init__(self, args):
-        home = mnist_home(args.data_home)
+        home = h.mnist_home(args.data_home)
         x_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
         x_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
         if args.train_subset:
@@ -308,7 +293,7 @@ def fit(config, data, device):
         out["n_fit"] = len(y_fit)
         return {
             **out,
-            **fit_estimator(
+            **h.fit_estimator(
                 config["params"],
                 x_fit,
                 y_fit,
@@ -331,14 +316,14 @@ def fit(config, data, device):
     model.fit(train, y_semi)
     out["fit_seconds"] = time.perf_counter() - start
     out["n_iter"] = int(model.n_iter_)
-    return {**out, **scores(data.y_test, model.predict(test))}
+    return {**out, **h.scores(data.y_test, model.predict(test))}
 
 
 # ----------------------------------------------------------------- tables
 
 
 def errors_by_draw(row, runs):
-    return {r["draw"]: r["test_error_percent"] for r in finished_runs(row, runs)}
+    return {r["draw"]: r["test_error_percent"] for r in h.finished_runs(row, runs)}
 
 
 def paper_errors(rows, runs):
@@ -354,19 +339,19 @@ def draws_below(errors, paper):
     return paired, f"{sum(errors[d] < paper[d] for d in paired)}/{len(paired)}"
 
 
-AT = TABLE_HEADER.index("Paper")
+AT = h.TABLE_HEADER.index("Paper")
 RECIPE_HEADER = [
-    *TABLE_HEADER[:AT],
+    *h.TABLE_HEADER[:AT],
     f"Median, draws 0-{SELECTION_DRAWS - 1}",
     f"Median, draws {SELECTION_DRAWS}+",
     f'Draws {SELECTION_DRAWS}+ better than "paper"',
-    *TABLE_HEADER[AT:],
+    *h.TABLE_HEADER[AT:],
 ]
 ABLATION_HEADER = [
-    *TABLE_HEADER[:AT],
+    *h.TABLE_HEADER[:AT],
     '"paper", same draws',
     'Draws below "paper"',
-    *TABLE_HEADER[AT:],
+    *h.TABLE_HEADER[AT:],
 ]
 CHECKPOINT_HEADER = ["Setting", "Labels", "Runs", "Last: median", "Last: min-max"]
 CHECKPOINT_HEADER += ["Lowest: median", "Lowest: min-max", "Step of lowest (median)"]
@@ -376,15 +361,15 @@ CHECKPOINT_HEADER += ["Paper"]
 def recipe_cells(rows, runs):
     """Common columns, the medians of the draws of the choice and of the later
     ones, and on how many later draws a recipe beats "paper" (same labels)."""
-    cells, paper = table_cells(rows, runs), paper_errors(rows, runs)
+    cells, paper = h.table_cells(rows, runs), paper_errors(rows, runs)
     for row, row_cells in zip(rows, cells, strict=True):
         errors = errors_by_draw(row, runs)
         chosen_on = [e for d, e in errors.items() if d < SELECTION_DRAWS]
         later = {d: e for d, e in errors.items() if d >= SELECTION_DRAWS}
         paired, below = draws_below(later, paper.get(row["labels"], {}))
         row_cells[AT:AT] = [
-            median_cell(chosen_on) if later else "",
-            median_cell(list(later.values())) if later else "",
+            h.median_cell(chosen_on) if later else "",
+            h.median_cell(list(later.values())) if later else "",
             below if paired and row["setting"] != "paper" else "",
         ]
     return cells
@@ -392,7 +377,7 @@ def recipe_cells(rows, runs):
 
 def ablation_cells(rows, runs):
     """Common columns, and each row against "paper" on the row's own draws."""
-    cells, paper = table_cells(rows, runs), paper_errors(rows, runs)
+    cells, paper = h.table_cells(rows, runs), paper_errors(rows, runs)
     for row, row_cells in zip(rows, cells, strict=True):
         own = paper.get(row["labels"], {})
         paired, below = draws_below(errors_by_draw(row, runs), own)
@@ -400,7 +385,7 @@ def ablation_cells(rows, runs):
         row_cells[AT:AT] = (
             ["", ""]
             if is_paper or not paired
-            else [median_cell([own[d] for d in paired]), below]
+            else [h.median_cell([own[d] for d in paired]), below]
         )
     return cells
 
@@ -409,7 +394,7 @@ def checkpoint_cells(rows, runs):
     """Last checkpoint and lowest error during training."""
     cells = []
     for row in rows:
-        done = finished_runs(row, runs)
+        done = h.finished_runs(row, runs)
         last = [r["test_error_percent"] for r in done]
         lowest = [r["lowest_test_error_percent"] for r in done]
         steps = [r["lowest_test_error_step"] for r in done]
@@ -419,10 +404,10 @@ def checkpoint_cells(rows, runs):
                 row["title"],
                 row["labels"],
                 str(n) if n == row["draws"] else f"{n}/{row['draws']}",
-                median_cell(last),
-                range_cell(last),
-                median_cell(lowest),
-                range_cell(lowest),
+                h.median_cell(last),
+                h.range_cell(last),
+                h.median_cell(lowest),
+                h.range_cell(lowest),
                 f"{np.median(steps):.0f}" if steps else "n/a",
                 row["paper"] or "n/a",
             ]
@@ -438,16 +423,16 @@ PARTS = [
         "Paper column: Haeusser et al. (2017), Table 1, median (std). With 1000 "
         "labels the labeled batch stays 10 per class; with all labels the "
         "unlabeled batch is drawn from all training images." + LAST,
-        TABLE_HEADER,
-        table_cells,
+        h.TABLE_HEADER,
+        h.table_cells,
     ),
     (
         "visit",
         "Effect of the visit loss, MNIST 1000 labels",
         "Recipe 'paper' with visit_weight overridden; visit_weight=1 is recipe "
         "'paper' itself. Paper column: the paper's visit-loss table." + LAST,
-        TABLE_HEADER,
-        table_cells,
+        h.TABLE_HEADER,
+        h.table_cells,
     ),
     (
         "baselines",
@@ -459,8 +444,8 @@ PARTS = [
         f"threshold=0.75, max_iter=10) on PCA-{PCA_COMPONENTS} of pixels/255 "
         "(PCA fitted once on the training images without labels, its time not "
         "in 'fit s'), on the CPU." + LAST,
-        TABLE_HEADER,
-        table_cells,
+        h.TABLE_HEADER,
+        h.table_cells,
     ),
     (
         "recipes",
@@ -504,8 +489,8 @@ PARTS = [
         "Each row one label draw d, fitted with random_state d (the run of the "
         "recipes table) and 1000 m + d for m = 1, 2, ...: the same labels, other "
         "initial weights and batches." + LAST,
-        TABLE_HEADER,
-        table_cells,
+        h.TABLE_HEADER,
+        h.table_cells,
     ),
 ]
 
@@ -522,7 +507,7 @@ def render(results):
         "draw d hides labels with make_semi_supervised_labels(y, k, "
         "random_state=d) and seeds the model with random_state=d. 'Runs' is the "
         "number of draws finished (finished/planned when incomplete). "
-        f"'Median {MEDIAN_CONFIDENCE:.0%} CI': a distribution-free confidence "
+        f"'Median {h.MEDIAN_CONFIDENCE:.0%} CI': a distribution-free confidence "
         "interval of the median over label draws (order statistics, binomial; "
         "n/a below 6 draws).",
         "Fit s: median wall time of fit() (validation, copy to the device, "
@@ -539,14 +524,14 @@ def render(results):
             "training set, not all 60,000."
         )
     title = "MNIST: learning by association (Haeusser et al., CVPR 2017)"
-    return render_parts(results, title, notes, PARTS)
+    return h.render_parts(results, title, notes, PARTS)
 
 
 def parse_args(argv=None):
-    parser = make_parser(__doc__.split("\n\n")[0], "mnist")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "mnist")
     parser.add_argument("--train-subset", type=int, help="N random training images")
     parser.add_argument("--eval-subset", type=int, help="the first N test images")
-    return parse(parser, argv)
+    return h.parse(parser, argv)
 
 
 def main(argv=None):
@@ -556,7 +541,7 @@ def main(argv=None):
         "train_subset_seed": SUBSET_SEED if args.train_subset else None,
         "eval_subset": args.eval_subset,
     }
-    return run_main(CASES, args, fit, render, Data, common)
+    return h.main(CASES, args, fit, render, Data, common)
 
 
 if __name__ == "__main__":

@@ -1,50 +1,34 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
-Three measurements on MNIST with the paper's recipe (100 labels), each a
-section of its own:
+Three sections on MNIST with the paper's recipe (100 labels):
 
 ``search``
-    ``GridSearchCV`` over 8 candidates (``visit_weight`` x ``walker_weight``
-    x ``learning_rate``, 2 x 2 x 2) with one fixed split (the 60,000 training
-    images with 100 labels to fit, the 10,000 test images to score), each
-    fit ``--search-steps`` steps: one after another (``n_jobs=1``), then all
-    at once in threads of one process (``joblib.parallel_backend("threading",
-    n_jobs=8)``); each fit runs on a CUDA stream of its own, so the GPU runs
-    the candidates' steps side by side. ``--search-modes`` adds
-    ``processes`` (joblib's default loky backend), where the GPU time-slices
-    between processes. Wall time of ``search.fit`` and the speed-up.
+    ``GridSearchCV`` over 8 candidates (2 x 2 x 2 of ``visit_weight``,
+    ``walker_weight``, ``learning_rate``), one fixed split (train on the
+    training images, score on the test images), ``--search-steps`` steps a
+    fit: one after another, then in 8 threads (``joblib``'s threading
+    backend; each fit on a CUDA stream of its own); ``--search-modes`` adds
+    ``processes``. Wall time of ``search.fit`` and the speed-up.
 ``batch``
-    Unlabeled batches of ``--unlabeled-sizes`` images (100 labeled): the
-    milliseconds per step of a fit of ``--batch-steps`` steps (fit overhead
-    removed by subtracting a fit of 3 steps) and the peak GPU memory of the
-    fit (``torch.cuda.max_memory_allocated``); a warm-up fit of each shape
-    comes first (cuDNN autotuning). Above 4,096 images a batch is
-    embedded in chunks with activation checkpointing.
+    Unlabeled batches of ``--unlabeled-sizes`` images: ms per step of a fit of
+    ``--batch-steps`` steps less a fit of 3 steps, after a warm-up fit of the
+    same shape, and the fit's peak GPU memory.
 ``memmap``
-    An unlabeled pool of ``--pool-size`` images (MNIST's training images
-    repeated, each copy rolled by a random shift of up to two pixels; with
-    25 possible shifts, some copies share one and repeat earlier rows)
-    written to a ``numpy.memmap`` on disk, plus the 100 labeled images.
-    ``fit`` gathers each batch from the file on the host; the pool is never
-    copied whole into memory or onto the GPU. Reported: file size, ms per
-    step against the same number of steps on the 60,000 training images held
-    on the device, the process's peak private memory (``RssAnon``, sampled
-    every 5 ms) above what it was before the fit, its peak resident set
-    (``VmHWM``, which also counts the file's cached pages mapped in), and
-    peak GPU memory.
+    A pool of ``--pool-size`` images (MNIST's training images repeated, each
+    copy rolled by up to two pixels) in a ``numpy.memmap`` on disk, plus the
+    100 labeled images: ms per step against the training images in memory,
+    the growth of the process's private memory (``RssAnon`` sampled every
+    5 ms) during the fit, its peak resident set, peak GPU memory.
 
 The table (section ``batch``), from ``benchmarks/results/scale_cuda.json``::
 
     python benchmarks/bench_scale.py --device cuda --render-only
 
-Run a section (``--only``; default all three), on a GPU or on a CPU::
+Run (``--only SECTION`` for one; the JSON keeps the sections not run)::
 
     python benchmarks/bench_scale.py --device cuda
     python benchmarks/bench_scale.py --device cpu --only memmap \\
         --memmap-steps 20 --pool-size 200000 --json /tmp/scale.json
-
-Each section is written to the JSON with the machine and the arguments it ran
-with; the sections not run keep what the file held.
 """
 
 import os
@@ -53,22 +37,10 @@ import threading
 import time
 from pathlib import Path
 
+import _harness as h
 import joblib
 import numpy as np
 import torch
-from _harness import (
-    env_line,
-    environment,
-    load_json,
-    make_parser,
-    mnist_home,
-    parse,
-    resolve_device,
-    rst_table,
-    synchronize,
-    write_json,
-    write_text,
-)
 from sklearn.model_selection import GridSearchCV
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
@@ -95,10 +67,10 @@ def recipe(max_iter, device, **overrides):
 
 def timed_fit(X, y, params, device):
     clf = SemiSupervisedAssociationClassifier(**params)
-    synchronize(device)
+    h.synchronize(device)
     start = time.perf_counter()
     clf.fit(X, y)
-    synchronize(device)
+    h.synchronize(device)
     return clf, time.perf_counter() - start
 
 
@@ -116,7 +88,7 @@ def run_search(data, args, device):
     rows = []
     for mode in args.search_modes:
         search = GridSearchCV(estimator, SEARCH_GRID, cv=split, refit=False)
-        synchronize(device)
+        h.synchronize(device)
         start = time.perf_counter()
         if mode == "serial":
             search.set_params(n_jobs=1).fit(X, y)
@@ -125,7 +97,7 @@ def run_search(data, args, device):
                 search.fit(X, y)
         else:
             search.set_params(n_jobs=8).fit(X, y)
-        synchronize(device)
+        h.synchronize(device)
         seconds = time.perf_counter() - start
         scores = search.cv_results_["mean_test_score"]
         rows.append(
@@ -287,14 +259,14 @@ def render(results):
         ]
         for r in batch["rows"]
     ]
-    return f"{env_line(batch['environment'])}\n\n{rst_table(header, cells)}"
+    return f"{h.env_line(batch['environment'])}\n\n{h.rst_table(header, cells)}"
 
 
 SECTIONS = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
 
 
 def main(argv=None):
-    parser = make_parser(__doc__.split("\n\n")[0], "scale")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "scale")
     add = parser.add_argument
     add("--seed", type=int, default=0, help="label draw")
     add("--search-steps", type=int, default=2000)
@@ -306,14 +278,14 @@ def main(argv=None):
     add("--pool-size", type=int, default=1_000_000)
     add("--pool-dir", default=None, help="default: a temporary folder")
     add("--memmap-steps", type=int, default=2000)
-    args = parse(parser, argv)
+    args = h.parse(parser, argv)
     if args.batch_steps <= 3:
         # The step time is the difference to a 3-step fit of the same shape.
         parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
-    results = load_json(args.json) if Path(args.json).is_file() else {}
+    results = h.load_json(args.json) if Path(args.json).is_file() else {}
     if not args.render_only:
-        device = resolve_device(args.device)
-        home = mnist_home(args.data_home)
+        device = h.resolve_device(args.device)
+        home = h.mnist_home(args.data_home)
         X_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
         X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
         y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
@@ -321,14 +293,14 @@ def main(argv=None):
         for name, section in SECTIONS.items():
             if args.only and name not in args.only:
                 continue
-            env = {"environment": environment(device), "args": vars(args)}
+            env = {"environment": h.environment(device), "args": vars(args)}
             rows = section(data, args, device)
             key = "row" if name == "memmap" else "rows"
             results[name] = {**env, key: rows}
-            write_json(args.json, results)
+            h.write_json(args.json, results)
     if "batch" in results and args.table:
         text = render(results)
-        write_text(args.table, text + "\n")
+        h.write_text(args.table, text + "\n")
         print(f"{text}\n\nwrote {args.table}")
 
 

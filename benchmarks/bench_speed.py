@@ -24,21 +24,10 @@ Runs::
 import time
 from pathlib import Path
 
+import _harness as h
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _harness import (
-    environment,
-    load_json,
-    make_parser,
-    mnist_home,
-    parse,
-    resolve_device,
-    rst_table,
-    synchronize,
-    write_json,
-    write_text,
-)
 from torch import nn
 
 from skassoc import RECIPES, SemiSupervisedAssociationClassifier, recipe_params
@@ -124,7 +113,7 @@ def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
     n_train = len(y_train)
     losses = []
     model.train()
-    synchronize(device)
+    h.synchronize(device)
     start = time.perf_counter()
     for _ in range(n_steps):
         lab = np.concatenate(
@@ -146,7 +135,7 @@ def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
         # Without the L2 term, like skassoc's history_ (where L2 is Adam's
         # weight decay), so that the two final losses compare.
         losses.append(association.item())
-    synchronize(device)
+    h.synchronize(device)
     return model, time.perf_counter() - start, losses
 
 
@@ -168,10 +157,10 @@ def skassoc_fit(x, y_semi, max_iter, args, device, recipe="paper", **overrides):
     params.update(max_iter=max_iter, device=device.type, precision=args.precision)
     params.update(compile=args.compile, random_state=args.seed, **overrides)
     clf = SemiSupervisedAssociationClassifier(**params)
-    synchronize(device)
+    h.synchronize(device)
     start = time.perf_counter()
     clf.fit(x, y_semi)
-    synchronize(device)
+    h.synchronize(device)
     return clf, time.perf_counter() - start
 
 
@@ -186,7 +175,7 @@ def measure(args, device):
     n_warmup = args.warmup_steps or (50 if on_gpu else 3)
     eval_rows = args.eval_rows or (10_000 if on_gpu else 2_000)
     predict_rows = args.predict_rows or (100_000 if on_gpu else 20_000)
-    home = mnist_home(args.data_home)
+    home = h.mnist_home(args.data_home)
     x_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
     x_full, y_full = load_mnist("test", data_home=home, return_X_y=True)
     x_test, y_test = x_full[:eval_rows], y_full[:eval_rows]
@@ -248,10 +237,10 @@ def measure(args, device):
     for name, data in [(f"test_{eval_rows}", x_test), (f"tiled_{len(tiled)}", tiled)]:
         times = []
         for _ in range(3 if on_gpu else 1):
-            synchronize(device)
+            h.synchronize(device)
             start = time.perf_counter()
             clf.predict(data)
-            synchronize(device)
+            h.synchronize(device)
             times.append(time.perf_counter() - start)
         seconds = float(np.median(times))
         predict["runs"][name] = {
@@ -297,7 +286,7 @@ def render(paths):
     header += ["Device", "torch", "Revision"]
     cells = []
     for path in paths:
-        results = load_json(path)
+        results = h.load_json(path)
         meta, training = results["meta"], results["training"]
         sk, bare = training["skassoc"], training["bare"]
         accuracy = results.get("time_to_accuracy", {})
@@ -326,11 +315,11 @@ def render(paths):
                 (meta.get("git_revision") or "?")[:7],
             ]
         )
-    return rst_table(header, cells)
+    return h.rst_table(header, cells)
 
 
 def main(argv=None):
-    parser = make_parser(__doc__.split("\n\n")[0], "speed")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "speed")
     add = parser.add_argument
     add("--steps", type=int, help="timed steps of (a), (b) (2000 cuda, 200 cpu)")
     add("--warmup-steps", type=int, help="warm-up steps (default 50 cuda, 3 cpu)")
@@ -343,7 +332,7 @@ def main(argv=None):
     add("--accuracy-recipe", choices=mnist, default="paper")
     add("--predict-rows", type=int, help="tiled rows for (d)")
     add("--eval-rows", type=int, help="test images of (a), (b), (d)")
-    args = parse(parser, argv)
+    args = h.parse(parser, argv)
     # One file per precision, compilation and recipe of (c).
     suffix = "" if args.precision == "auto" else f"_{args.precision}"
     suffix += "_compile" if args.compile else ""
@@ -353,15 +342,15 @@ def main(argv=None):
     if suffix and not args.json_given:
         json_path = json_path.with_name(f"{json_path.stem}{suffix}.json")
     if not args.render_only:
-        device = resolve_device(args.device)
-        results = {"meta": environment(device), **measure(args, device)}
+        device = h.resolve_device(args.device)
+        results = {"meta": h.environment(device), **measure(args, device)}
         results["meta"].update(results.pop("settings"))
-        write_json(json_path, results)
+        h.write_json(json_path, results)
     stem = Path(args.json).stem
     paths = sorted(Path(args.json).parent.glob(f"{stem}*.json"))
     text = render(paths)
     if args.table:
-        write_text(args.table, text + "\n")
+        h.write_text(args.table, text + "\n")
     print(f"{text}\n\nwrote {'' if args.render_only else json_path} {args.table}")
 
 
