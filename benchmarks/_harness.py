@@ -422,21 +422,27 @@ def _save(results, args, render, write=True):
 # -------------------------------------------------------------- estimator
 
 
+def timed_fit(X, y, params, device, **fit_params):
+    """The estimator of ``params`` fitted, and the wall seconds of its fit."""
+    from skassoc import SemiSupervisedAssociationClassifier
+
+    clf = SemiSupervisedAssociationClassifier(**params)
+    synchronize(device)
+    start = time.perf_counter()
+    clf.fit(X, y, **fit_params)
+    synchronize(device)
+    return clf, time.perf_counter() - start
+
+
 def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
     """Fit one SemiSupervisedAssociationClassifier and score its last step.
 
     With ``validation`` the test error is also measured during the fit
     (every ``validation_interval`` steps) and its lowest value recorded.
     """
-    from skassoc import SemiSupervisedAssociationClassifier
-
-    clf = SemiSupervisedAssociationClassifier(**{**params, "device": str(device)})
     extra = {"X_val": X_test, "y_val": y_test} if validation else {}
-    synchronize(device)
-    start = time.perf_counter()
-    clf.fit(X, y, **extra)
-    synchronize(device)
-    out = {"fit_seconds": time.perf_counter() - start}
+    clf, seconds = timed_fit(X, y, {**params, "device": str(device)}, device, **extra)
+    out = {"fit_seconds": seconds}
     if validation:
         steps = clf.history_["validation_step"]
         # Rounded: 100 * (1 - accuracy) carries float noise (0.8399...).

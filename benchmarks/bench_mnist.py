@@ -115,107 +115,52 @@ def _ablation_title(name):
 
 
 PAPER_TITLE = 'skassoc, recipe "paper"'
-CASES = [
-    *(
-        h.Case("table1", "paper", n, _paper(), 40, PAPER_TITLE, PAPER_TABLE1[n])
-        for n in LABELS_PER_CLASS
+PCA = {"pca_components": PCA_COMPONENTS, "pca_seed": 0}
+BASELINES = {
+    "label_spreading": ("LabelSpreading (knn, k=10)", LABEL_SPREADING),
+    "self_training": (
+        "SelfTraining (LogisticRegression)",
+        {**SELF_TRAINING, "estimator": SELF_TRAINING_BASE},
     ),
-    *(
-        h.Case(
-            "visit",
-            f"visit_weight={w:g}",
-            "1000",
-            _paper(visit_weight=w),
-            3,
-            paper=PAPER_VISIT[w],
-        )
-        for w in PAPER_VISIT
-    ),
-    *(
-        case
-        for n in ("100", "1000")
-        for case in (
-            h.Case(
-                "baselines",
-                "supervised",
-                n,
-                _paper(walker_weight=0.0, visit_weight=0.0),
-                3,
-                "network, labeled samples only",
-                fit_on="labeled",
-            ),
-            *(
-                h.Case(
-                    "baselines",
-                    method,
-                    n,
-                    {**params, "pca_components": PCA_COMPONENTS, "pca_seed": 0},
-                    3,
-                    f"{title}, PCA-{PCA_COMPONENTS}",
-                    method=method,
-                )
-                for method, params, title in (
-                    ("label_spreading", LABEL_SPREADING, "LabelSpreading (knn, k=10)"),
-                    (
-                        "self_training",
-                        {**SELF_TRAINING, "estimator": SELF_TRAINING_BASE},
-                        "SelfTraining (LogisticRegression)",
-                    ),
-                )
-            ),
-            h.Case("baselines", "paper", n, _paper(), 3, PAPER_TITLE, PAPER_TABLE1[n]),
-        )
-    ),
-    *(
-        h.Case(
-            "recipes",
-            recipe,
-            n,
-            recipe_params(recipe),
-            40,
-            f'recipe "{recipe}"',
-            PAPER_TABLE1[n] if recipe == "paper" else "",
-        )
-        for recipe in ("paper", "improved", "consistency")
-        for n in ("100", "1000")
-    ),
-    h.Case("ablations", "paper", "100", _paper(), 40, PAPER_TITLE, PAPER_TABLE1["100"]),
-    *(
-        h.Case(
-            "ablations",
-            name,
-            "100",
-            _paper(**overrides),
-            ABLATION_DRAWS.get(name, 10),
-            _ablation_title(name),
-            fit_on=ABLATION_FIT_ON.get(name, "all"),
-        )
-        for name, overrides in ABLATIONS.items()
-    ),
-    h.Case(
-        "checkpoints",
-        "paper",
-        "100",
-        _paper(validation_interval=CHECKPOINT_INTERVAL),
-        10,
-        PAPER_TITLE,
-        PAPER_TABLE1["100"],
-        options={"track_test_error": True},
-    ),
-    *(
-        h.Case(
-            "seeds",
-            f"{recipe}-draw{d}",
-            "100",
-            recipe_params(recipe),
-            3,
-            f'recipe "{recipe}", label draw {d}',
-            label_draw=d,
-        )
-        for recipe in ("paper", "improved")
-        for d in range(5)
-    ),
-]
+}
+
+
+def _cases():
+    """The rows of every table, in the order the tables show them."""
+    paper, title, published = _paper(), PAPER_TITLE, PAPER_TABLE1
+    for n in LABELS_PER_CLASS:
+        yield h.Case("table1", "paper", n, paper, 40, title, published[n])
+    for w, pub in PAPER_VISIT.items():
+        params = _paper(visit_weight=w)
+        yield h.Case("visit", f"visit_weight={w:g}", "1000", params, 3, paper=pub)
+    for n in ("100", "1000"):
+        alone = _paper(walker_weight=0.0, visit_weight=0.0)
+        name = "network, labeled samples only"
+        yield h.Case("baselines", "supervised", n, alone, 3, name, fit_on="labeled")
+        for method, (name, params) in BASELINES.items():
+            name = f"{name}, PCA-{PCA_COMPONENTS}"
+            yield h.Case("baselines", method, n, params | PCA, 3, name, method=method)
+        yield h.Case("baselines", "paper", n, paper, 3, title, published[n])
+    for r in ("paper", "improved", "consistency"):
+        for n in ("100", "1000"):
+            pub = published[n] if r == "paper" else ""
+            yield h.Case("recipes", r, n, recipe_params(r), 40, f'recipe "{r}"', pub)
+    yield h.Case("ablations", "paper", "100", paper, 40, title, published["100"])
+    for name, overrides in ABLATIONS.items():
+        params, draws = _paper(**overrides), ABLATION_DRAWS.get(name, 10)
+        fit_on = ABLATION_FIT_ON.get(name, "all")
+        row = "ablations", name, "100", params, draws, _ablation_title(name)
+        yield h.Case(*row, fit_on=fit_on)
+    params = _paper(validation_interval=CHECKPOINT_INTERVAL)
+    row = "checkpoints", "paper", "100", params, 10, title, published["100"]
+    yield h.Case(*row, options={"track_test_error": True})
+    for r in ("paper", "improved"):
+        for d in range(5):
+            row = "seeds", f"{r}-draw{d}", "100", recipe_params(r), 3
+            yield h.Case(*row, f'recipe "{r}", label draw {d}', label_draw=d)
+
+
+CASES = list(_cases())
 
 
 # ------------------------------------------------------------------- runs

@@ -54,24 +54,9 @@ SEARCH_GRID = {
 
 
 def recipe(max_iter, device, **overrides):
-    params = recipe_params("paper")
-    params.update(
-        max_iter=max_iter,
-        lr_decay_steps=max(1, max_iter // 4),
-        device=str(device),
-        random_state=0,
-    )
-    params.update(overrides)
-    return params
-
-
-def timed_fit(X, y, params, device):
-    clf = SemiSupervisedAssociationClassifier(**params)
-    h.synchronize(device)
-    start = time.perf_counter()
-    clf.fit(X, y)
-    h.synchronize(device)
-    return clf, time.perf_counter() - start
+    decay = max(1, max_iter // 4)
+    params = dict(max_iter=max_iter, lr_decay_steps=decay, device=str(device))
+    return recipe_params("paper") | params | {"random_state": 0, **overrides}
 
 
 # ------------------------------------------------------------------- search
@@ -84,7 +69,7 @@ def run_search(data, args, device):
     split = [(np.arange(len(X_train)), np.arange(len(X_train), len(X)))]
     estimator = SemiSupervisedAssociationClassifier(**recipe(args.search_steps, device))
     # Warm-up: CUDA context, cuDNN autotuning, allocator.
-    timed_fit(X_train, y_semi, recipe(50, device), device)
+    h.timed_fit(X_train, y_semi, recipe(50, device), device)
     rows = []
     for mode in args.search_modes:
         search = GridSearchCV(estimator, SEARCH_GRID, cv=split, refit=False)
@@ -128,13 +113,13 @@ def run_batch(data, args, device):
             try:
                 params = dict(unlabeled_batch_size=size, precision=precision)
                 # The first fit of a new shape pays for cuDNN's autotuning.
-                timed_fit(X_train, y_semi, recipe(3, device, **params), device)
-                _, short = timed_fit(
+                h.timed_fit(X_train, y_semi, recipe(3, device, **params), device)
+                _, short = h.timed_fit(
                     X_train, y_semi, recipe(3, device, **params), device
                 )
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                _, seconds = timed_fit(
+                _, seconds = h.timed_fit(
                     X_train, y_semi, recipe(args.batch_steps, device, **params), device
                 )
                 row["ms_per_step"] = 1000 * (seconds - short) / (args.batch_steps - 3)
@@ -218,12 +203,12 @@ def run_memmap(data, args, device):
     y_pool = np.full(len(pool), -1)
     y_pool[: labeled.sum()] = y_semi[labeled]
     params = recipe(args.memmap_steps, device)
-    timed_fit(X_train, y_semi, recipe(10, device), device)  # warm-up
-    _, in_memory_seconds = timed_fit(X_train, y_semi, params, device)
+    h.timed_fit(X_train, y_semi, recipe(10, device), device)  # warm-up
+    _, in_memory_seconds = h.timed_fit(X_train, y_semi, params, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with _PeakPrivateMemory() as memory:
-        clf, seconds = timed_fit(pool, y_pool, params, device)
+        clf, seconds = h.timed_fit(pool, y_pool, params, device)
     error = 100 * float(np.mean(clf.predict(X_test) != y_test))
     row = {
         "pool_images": int(len(pool)),

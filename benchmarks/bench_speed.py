@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from skassoc import RECIPES, SemiSupervisedAssociationClassifier, recipe_params
+from skassoc import RECIPES, recipe_params
 from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
 LABELED_PER_CLASS = 10
@@ -52,26 +52,15 @@ class BareMNISTNet(nn.Module):
     def __init__(self, embedding_dim=128, n_classes=10):
         super().__init__()
 
-        def conv(cin, cout):
-            return nn.Conv2d(cin, cout, 3, padding=1)
+        def block(cin, cout):
+            conv = (
+                nn.Conv2d(cin, cout, 3, padding=1),
+                nn.Conv2d(cout, cout, 3, padding=1),
+            )
+            return [conv[0], nn.ELU(), conv[1], nn.ELU(), nn.MaxPool2d(2, 2)]
 
-        self.features = nn.Sequential(
-            conv(1, 32),
-            nn.ELU(),
-            conv(32, 32),
-            nn.ELU(),
-            nn.MaxPool2d(2, 2),
-            conv(32, 64),
-            nn.ELU(),
-            conv(64, 64),
-            nn.ELU(),
-            nn.MaxPool2d(2, 2),
-            conv(64, 128),
-            nn.ELU(),
-            conv(128, 128),
-            nn.ELU(),
-            nn.MaxPool2d(2, 2),
-        )
+        blocks = [block(1, 32), block(32, 64), block(64, 128)]
+        self.features = nn.Sequential(*(layer for b in blocks for layer in b))
         self.embedding = nn.Linear(3 * 3 * 128, embedding_dim)
         self.logits = nn.Linear(embedding_dim, n_classes)
         for module in self.modules():
@@ -156,12 +145,7 @@ def skassoc_fit(x, y_semi, max_iter, args, device, recipe="paper", **overrides):
     params = recipe_params(recipe)
     params.update(max_iter=max_iter, device=device.type, precision=args.precision)
     params.update(compile=args.compile, random_state=args.seed, **overrides)
-    clf = SemiSupervisedAssociationClassifier(**params)
-    h.synchronize(device)
-    start = time.perf_counter()
-    clf.fit(x, y_semi)
-    h.synchronize(device)
-    return clf, time.perf_counter() - start
+    return h.timed_fit(x, y_semi, params, device)
 
 
 def error(predicted, y):
