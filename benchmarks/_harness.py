@@ -9,6 +9,7 @@ and ``runs`` (keyed ``part/setting/labels/draw``, each with its provenance).
 """
 
 import argparse
+import collections
 import copy
 import dataclasses
 import fnmatch
@@ -551,17 +552,9 @@ def interval_cell(values):
     return "n/a" if interval is None else f"{interval[0]:.2f}-{interval[1]:.2f}"
 
 
-TABLE_HEADER = [
-    "Setting",
-    "Labels",
-    "Runs",
-    "Error % (median)",
-    f"Median {MEDIAN_CONFIDENCE:.0%} CI",
-    "Std",
-    "Min-max",
-    "Paper",
-    "Fit s (median)",
-]
+TABLE_HEADER = ["Setting", "Labels", "Runs", "Error % (median)"]
+TABLE_HEADER += [f"Median {MEDIAN_CONFIDENCE:.0%} CI", "Std", "Min-max", "Paper"]
+TABLE_HEADER += ["Fit s (median)"]
 
 
 def table_cells(rows, runs):
@@ -589,19 +582,16 @@ def table_cells(rows, runs):
 
 
 def _trained_runs(runs):
-    unique = {}
-    for key, run in runs.items():
-        if run.get("status", "ok") == "ok":
-            unique.setdefault(run.get("signature") or key, run)
-    return list(unique.values())
+    """One record per training: a run shown under several keys counts once."""
+    ok = {r.get("signature") or k: r for k, r in reversed(runs.items())}
+    return [r for r in reversed(ok.values()) if r.get("status", "ok") == "ok"]
 
 
 def run_devices(runs, meta):
     """The devices the finished runs trained on, with how many runs each."""
-    counts = {}
-    for run in _trained_runs(runs):
-        if run.get("device"):
-            counts[run["device"]] = counts.get(run["device"], 0) + 1
+    counts = collections.Counter(
+        r["device"] for r in _trained_runs(runs) if r.get("device")
+    )
     if len(counts) <= 1:
         return next(iter(counts), meta.get("device", "?"))
     listed = sorted(counts.items(), key=lambda item: -item[1])
@@ -615,17 +605,6 @@ def git_revisions(meta, runs=None):
         revisions += git_revisions(shard)
     revisions += [run.get("git_revision") for run in _trained_runs(runs or {})]
     return list(dict.fromkeys(r for r in revisions if r and r != "?")) or ["?"]
-
-
-def provenance_line(results):
-    """Devices, versions, revisions and date of a results dict, on one line."""
-    meta, runs = results["meta"], results["runs"]
-    return (
-        f"{run_devices(runs, meta)} | torch {meta.get('torch')} | "
-        f"CUDA {meta.get('cuda')} | scikit-learn {meta.get('sklearn')} | "
-        f"skassoc {meta.get('skassoc')} ({', '.join(git_revisions(meta, runs))}) | "
-        f"{meta.get('date')}"
-    )
 
 
 def env_line(env):
@@ -642,7 +621,10 @@ def render_parts(results, title, notes, parts):
     per part (``parts``: ``(part, heading, note, header, cells(rows, runs))``)
     and the per-run table."""
     runs, rows = results["runs"], results["rows"]
-    out = [title, "=" * len(title), "", provenance_line(results), ""]
+    revisions = ", ".join(git_revisions(results["meta"], runs))
+    meta = {**results["meta"], "git_revision": revisions}
+    line = env_line({**meta, "device": run_devices(runs, results["meta"])})
+    out = [title, "=" * len(title), "", line, ""]
     out += [f"- {note}" for note in notes] + [""]
     for part, heading, note, header, cells in parts:
         part_rows = [r for r in rows if r["part"] == part]
