@@ -583,15 +583,17 @@ def table_cells(rows, runs):
 
 def _trained_runs(runs):
     """One record per training: a run shown under several keys counts once."""
-    ok = {r.get("signature") or k: r for k, r in reversed(runs.items())}
-    return [r for r in reversed(ok.values()) if r.get("status", "ok") == "ok"]
+    unique = {}
+    for key, run in runs.items():
+        if run.get("status", "ok") == "ok":
+            unique.setdefault(run.get("signature") or key, run)
+    return list(unique.values())
 
 
 def run_devices(runs, meta):
     """The devices the finished runs trained on, with how many runs each."""
-    counts = collections.Counter(
-        r["device"] for r in _trained_runs(runs) if r.get("device")
-    )
+    devices = [r.get("device") for r in _trained_runs(runs)]
+    counts = collections.Counter(d for d in devices if d)
     if len(counts) <= 1:
         return next(iter(counts), meta.get("device", "?"))
     listed = sorted(counts.items(), key=lambda item: -item[1])
