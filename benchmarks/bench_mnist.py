@@ -361,26 +361,20 @@ def checkpoint_cells(rows, runs):
 
 
 LAST = " Last checkpoint, never best-on-test."
-PARTS = [
-    (
-        "table1",
+#: Each part's heading and note (its table's columns: :data:`COLUMNS`).
+PARTS = {
+    "table1": (
         'Table 1: MNIST test error (%), recipe "paper"',
         "Paper column: Haeusser et al. (2017), Table 1, median (std). With 1000 "
         "labels the labeled batch stays 10 per class; with all labels the "
         "unlabeled batch is drawn from all training images." + LAST,
-        h.TABLE_HEADER,
-        h.table_cells,
     ),
-    (
-        "visit",
+    "visit": (
         "Effect of the visit loss, MNIST 1000 labels",
         "Recipe 'paper' with visit_weight overridden; visit_weight=1 is recipe "
         "'paper' itself. Paper column: the paper's visit-loss table." + LAST,
-        h.TABLE_HEADER,
-        h.table_cells,
     ),
-    (
-        "baselines",
+    "baselines": (
         "Baselines on the same label draws",
         "network, labeled samples only: recipe 'paper' with walker_weight=0, "
         "visit_weight=0, fitted on the labeled samples alone. "
@@ -389,11 +383,8 @@ PARTS = [
         f"threshold=0.75, max_iter=10) on PCA-{PCA_COMPONENTS} of pixels/255 "
         "(PCA fitted once on the training images without labels, its time not "
         "in 'fit s'), on the CPU." + LAST,
-        h.TABLE_HEADER,
-        h.table_cells,
     ),
-    (
-        "recipes",
+    "recipes": (
         "Recipes",
         "skassoc.RECIPES, each as it is (labeled batch as in the recipe). "
         "Recipes 'improved' and 'consistency' were chosen on draws "
@@ -402,22 +393,16 @@ PARTS = [
         "median is the fair comparison. The column 'better than \"paper\"' "
         "counts those later draws on which the recipe's error is below that of "
         "recipe 'paper' with the same labels (ties count as not better)." + LAST,
-        RECIPE_HEADER,
-        recipe_cells,
     ),
-    (
-        "ablations",
+    "ablations": (
         'Ablations on top of recipe "paper", MNIST 100 labels',
         "Each row: recipe 'paper' plus the overrides shown, on label draws 0 to "
         "Runs - 1; the row 'paper' has the draws of the longest row. "
         "'\"paper\", same draws' is the median of recipe 'paper' on the row's "
         "own draws, and 'Draws below \"paper\"' counts those on which the row's "
         "error is below it (ties count as not below)." + LAST,
-        ABLATION_HEADER,
-        ablation_cells,
     ),
-    (
-        "checkpoints",
+    "checkpoints": (
         "Last checkpoint against the lowest error during training",
         "Recipe 'paper', 100 labels, the test error measured every "
         f"{CHECKPOINT_INTERVAL} steps and after the last. 'Lowest' is each "
@@ -425,19 +410,19 @@ PARTS = [
         "paper's protocol for its visit-loss table, shown to compare with the "
         "paper, never a result. The fit times of these runs (per-run table) "
         "include the evaluations.",
-        CHECKPOINT_HEADER,
-        checkpoint_cells,
     ),
-    (
-        "seeds",
+    "seeds": (
         "Network seeds, MNIST 100 labels",
         "Each row one label draw d, fitted with random_state d (the run of the "
         "recipes table) and 1000 m + d for m = 1, 2, ...: the same labels, other "
         "initial weights and batches." + LAST,
-        h.TABLE_HEADER,
-        h.table_cells,
     ),
-]
+}
+COLUMNS = {
+    "recipes": (RECIPE_HEADER, recipe_cells),
+    "ablations": (ABLATION_HEADER, ablation_cells),
+    "checkpoints": (CHECKPOINT_HEADER, checkpoint_cells),
+}
 
 
 def render(results):
@@ -469,7 +454,9 @@ def render(results):
             "training set, not all 60,000."
         )
     title = "MNIST: learning by association (Haeusser et al., CVPR 2017)"
-    return h.render_parts(results, title, notes, PARTS)
+    default = h.TABLE_HEADER, h.table_cells
+    parts = [(p, *PARTS[p], *COLUMNS.get(p, default)) for p in PARTS]
+    return h.render_parts(results, title, notes, parts)
 
 
 def parse_args(argv=None):
