@@ -123,9 +123,8 @@ def measure(precision, args, device):
         if n == 1:
             continue
         per_step = seconds_per_round(graphs[:n], streams[:n], args.steps, device) / n
-        rows.append(
-            {"models": n, "ms_per_step": per_step * 1e3, "speedup": alone / per_step}
-        )
+        speedup = alone / per_step
+        rows.append({"models": n, "ms_per_step": per_step * 1e3, "speedup": speedup})
     del steps, graphs
     stacked = []
     for n in args.streams:
@@ -165,10 +164,8 @@ def measure_fits(precision, args, device):
     X, y = synthetic_images(args.pool_size)
 
     def fit(seed, steps=args.fit_steps):
-        params = recipe_params("paper")
-        params.update(
-            max_iter=steps, device=str(device), precision=precision, random_state=seed
-        )
+        params = dict(max_iter=steps, device=str(device), precision=precision)
+        params = recipe_params("paper") | params | {"random_state": seed}
         SemiSupervisedAssociationClassifier(**params).fit(X, y)
 
     # cuDNN autotuning, CUDA context, first capture.
@@ -178,31 +175,18 @@ def measure_fits(precision, args, device):
     for seed in range(n_max):
         fit(seed)
     per_fit = (time.perf_counter() - start) / n_max
-    rows = [
-        {
-            "fits": 1,
-            "serial_s": per_fit,
-            "threads_s": per_fit,
-            "ms_per_step": per_fit / args.fit_steps * 1e3,
-            "speedup": 1.0,
-        }
-    ]
-    for n in args.streams:
-        if n == 1:
-            continue
+
+    def row(n, seconds):
+        ms = seconds / (n * args.fit_steps) * 1e3
+        row = dict(fits=n, serial_s=n * per_fit, threads_s=seconds)
+        return row | {"ms_per_step": ms, "speedup": n * per_fit / seconds}
+
+    rows = [row(1, per_fit)]
+    for n in (n for n in args.streams if n > 1):
         start = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(fit, range(n)))
-        threads = time.perf_counter() - start
-        rows.append(
-            {
-                "fits": n,
-                "serial_s": n * per_fit,
-                "threads_s": threads,
-                "ms_per_step": threads / (n * args.fit_steps) * 1e3,
-                "speedup": n * per_fit / threads,
-            }
-        )
+        rows.append(row(n, time.perf_counter() - start))
     return rows
 
 
@@ -217,25 +201,15 @@ def render(results):
         cells.append([precision.upper().replace("BF", "bf"), "", "", ""])
         side = {r["models"]: r for r in part["side_by_side"]}
         stacked = {r["batch_multiple"]: r for r in part["stacked"]}
-        stacked.setdefault(1, side[1])
+        stacked.setdefault(1, {**side[1], "ms_per_200_images": side[1]["ms_per_step"]})
         fits = {r["fits"]: r for r in part.get("skassoc_threads", [])}
 
         def cell(row, key="ms_per_step"):
             return f"{row[key]:.3f} ms ({row['speedup']:.2f}x)" if row else "n/a"
 
         for n in sorted(side):
-            stack = stacked.get(n)
-            key = (
-                "ms_per_200_images" if stack and "ms_per_200_images" in stack else None
-            )
-            cells.append(
-                [
-                    str(n),
-                    cell(side[n]),
-                    cell(stack, key or "ms_per_step"),
-                    cell(fits.get(n)),
-                ]
-            )
+            stack = cell(stacked.get(n), "ms_per_200_images")
+            cells.append([str(n), cell(side[n]), stack, cell(fits.get(n))])
     return f"{h.env_line(results['environment'])}\n\n{h.rst_table(header, cells)}"
 
 
