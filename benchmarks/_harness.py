@@ -36,15 +36,11 @@ MEDIAN_CONFIDENCE = 0.95
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One table row: ``draws`` runs of one setting, keyed ``name/draw``.
-
-    Run ``d`` draws its labels with seed ``d`` and seeds the estimator with
-    ``random_state=d``; with ``label_draw`` set, every run uses that label
-    draw and run ``m`` seeds the estimator with ``1000 m + label_draw``.
-    ``params`` are the estimator's constructor parameters (``method``
-    "skassoc") or the method's own; ``options`` go into the run's
-    configuration as they are (e.g. what to track during the fit).
-    """
+    """One table row: ``draws`` runs keyed ``name/draw``. Run ``d`` draws its
+    labels with seed ``d`` and fits with ``random_state=d``; with ``label_draw``
+    set, run ``m`` takes that label draw and ``random_state=1000 m + label_draw``.
+    ``params``: the estimator's (or ``method``'s) parameters; ``options`` go
+    into the run's configuration as they are."""
 
     part: str
     setting: str

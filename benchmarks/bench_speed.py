@@ -262,6 +262,9 @@ def measure(args, device):
     return results
 
 
+RATIO = "ratio_skassoc_over_bare"
+
+
 def render(paths):
     """One row per results file: skassoc against the bare loop of its run."""
     header = ["Run", "Precision", "Compile", "skassoc ms/step", "steps/s"]
@@ -282,23 +285,16 @@ def render(paths):
             fits = f'"{accuracy["recipe"]}" {fits}'
         rate = max(r["images_per_s"] for r in results["predict"]["runs"].values())
         marginal = sk.get("marginal_steps_per_s")
-        cells.append(
-            [
-                Path(path).name,
-                meta.get("precision", "auto"),
-                "yes" if meta.get("compile") else "no",
-                f"{sk['ms_per_step']:.3g}",
-                f"{sk['steps_per_s']:.3g}".replace("e+03", "000"),
-                f"{bare['ms_per_step']:.3g}",
-                f"{training['ratio_skassoc_over_bare']:.2f}x",
-                f"{1000 / marginal:.3g}" if marginal else "n/a",
-                f"{rate:.0f}",
-                fits or "n/a",
-                meta["device"],
-                meta["torch"],
-                (meta.get("git_revision") or "?")[:7],
-            ]
-        )
+        cells.append([Path(path).name, meta.get("precision", "auto")])
+        cells[-1] += [
+            "yes" if meta.get("compile") else "no",
+            f"{sk['ms_per_step']:.3g}",
+        ]
+        cells[-1] += [f"{sk['steps_per_s']:.3g}".replace("e+03", "000")]
+        cells[-1] += [f"{bare['ms_per_step']:.3g}", f"{training[RATIO]:.2f}x"]
+        cells[-1] += [f"{1000 / marginal:.3g}" if marginal else "n/a", f"{rate:.0f}"]
+        cells[-1] += [fits or "n/a", meta["device"], meta["torch"]]
+        cells[-1] += [(meta.get("git_revision") or "?")[:7]]
     return h.rst_table(header, cells)
 
 
