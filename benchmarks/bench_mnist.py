@@ -182,12 +182,10 @@ class Data:
         self.x_train, self.y_train = x_train, y_train
         self.x_test, self.y_test = x_test, y_test
         self._pca = None
-        self.meta = {
-            "n_train": len(y_train),
-            "n_eval": len(y_test),
-            "max_iter_override": args.max_iter,
-            "train_subset": args.train_subset,
-        }
+        self.meta = dict(n_train=len(y_train), n_eval=len(y_test))
+        self.meta.update(
+            max_iter_override=args.max_iter, train_subset=args.train_subset
+        )
 
     def pca_features(self):
         """PCA of pixels/255, fitted on the training images without labels."""
@@ -236,18 +234,9 @@ def fit(config, data, device):
     if config["method"] == "skassoc":
         x_fit, y_fit = training_set(config["fit_on"], data.x_train, y_semi)
         out["n_fit"] = len(y_fit)
-        return {
-            **out,
-            **h.fit_estimator(
-                config["params"],
-                x_fit,
-                y_fit,
-                data.x_test,
-                data.y_test,
-                device,
-                validation=config.get("track_test_error", False),
-            ),
-        }
+        test, tracked = (data.x_test, data.y_test), config.get("track_test_error")
+        fitted = h.fit_estimator(config["params"], x_fit, y_fit, *test, device, tracked)
+        return {**out, **fitted}
     from sklearn.linear_model import LogisticRegression
     from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
 

@@ -235,15 +235,11 @@ def render(results):
     """Section ``batch``: ms per step and peak GPU memory by batch size."""
     batch = results["batch"]
     header = ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"]
-    cells = [
-        [
-            f"{r['unlabeled_batch_size']:,}",
-            r["precision"],
-            f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"],
-            f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a",
-        ]
-        for r in batch["rows"]
-    ]
+    cells = []
+    for r in batch["rows"]:
+        ms = f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"]
+        mib = f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a"
+        cells.append([f"{r['unlabeled_batch_size']:,}", r["precision"], ms, mib])
     return f"{h.env_line(batch['environment'])}\n\n{h.rst_table(header, cells)}"
 
 
