@@ -615,9 +615,10 @@ def env_line(env):
 
 
 def render_parts(results, title, notes, parts):
-    """The rendered tables: a title, the provenance line, notes, one table
-    per part (``parts``: ``(part, heading, note, header, cells(rows, runs))``)
-    and the per-run table."""
+    """The rendered tables: a title, the provenance line, notes, one table per
+    part (``parts``: ``(part, heading, note, header, cells(rows, runs))``) and
+    the per-run table; the headings are rubrics, so that the file can be
+    included in the middle of a section."""
     runs, rows = results["runs"], results["rows"]
     revisions = ", ".join(git_revisions(results["meta"], runs))
     meta = {**results["meta"], "git_revision": revisions}
@@ -628,7 +629,7 @@ def render_parts(results, title, notes, parts):
         part_rows = [r for r in rows if r["part"] == part]
         if part_rows:
             table = rst_table(header, cells(part_rows, runs))
-            out += [heading, "-" * len(heading), "", note, "", table, ""]
+            out += [f".. rubric:: {heading}", "", note, "", table, ""]
     ok = sorted(
         (r for r in runs.values() if r.get("status") == "ok"), key=lambda r: r["key"]
     )
@@ -643,6 +644,5 @@ def render_parts(results, title, notes, parts):
             ]
             for r in ok
         ]
-        heading = "Per-run results"
-        out += [heading, "-" * len(heading), "", rst_table(header, cells), ""]
+        out += [".. rubric:: Per-run results", "", rst_table(header, cells), ""]
     return "\n".join(out)
