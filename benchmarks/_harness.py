@@ -193,22 +193,25 @@ def load_json(path):
 # ----------------------------------------------------------------- parser
 
 
-def make_parser(description, stem):
-    """The options every benchmark shares; ``stem`` names the default files
+def make_parser(description, stem, cases=True):
+    """The options every benchmark shares (those picking, drawing, sharding and
+    merging cases with ``cases``); ``stem`` names the default files
     ``benchmarks/results/<stem>_<device>.json`` and ``.rst``."""
     parser = argparse.ArgumentParser(description=description)
     parser.set_defaults(stem=stem)
     add = parser.add_argument
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add("--data-home", default=None, help="folder of the data set's files")
-    add("--draws", type=int, help="label draws of every case (default: the case's)")
-    add("--only", action="append", help="glob of part/setting/labels (repeatable)")
-    add("--shard", help="I/N: train only every N-th run from the I-th (one per GPU)")
-    add("--max-iter", type=int, help="training steps of every fit (quick runs)")
     add("--json", help=f"results (default benchmarks/results/{stem}_<device>.json)")
     add("--table", help="rendered table (default: the JSON's path with .rst)")
     add("--render-only", action="store_true", help="rebuild the table from the JSON")
-    add("--merge", nargs="+", metavar="JSON", help="join these JSON files into --json")
+    parser.set_defaults(draws=None, only=None, shard=None, max_iter=None, merge=None)
+    if cases:
+        add("--draws", type=int, help="label draws of each case (default: its own)")
+        add("--only", action="append", help="glob of part/setting/labels (repeat)")
+        add("--shard", help="I/N: train every N-th run from the I-th (one per GPU)")
+        add("--max-iter", type=int, help="training steps of every fit (quick runs)")
+        add("--merge", nargs="+", metavar="JSON", help="join these into --json")
     return parser
 
 

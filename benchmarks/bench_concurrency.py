@@ -39,7 +39,7 @@ LABELED = 100
 
 
 def parse_args(argv=None):
-    parser = h.make_parser(__doc__.split("\n\n")[0], "concurrency")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "concurrency", cases=False)
     add = parser.add_argument
     add("--streams", type=int, nargs="+", default=[2, 4, 8], help="values of N")
     add("--steps", type=int, default=500, help="timed replays")

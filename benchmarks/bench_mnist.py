@@ -42,8 +42,7 @@ PAPER_VISIT = {0.0: "5.68", 0.25: "1.17", 0.5: "0.82", 1.0: "0.85"}
 SELECTION_DRAWS = 10
 #: Steps between test-set evaluations of the "checkpoints" part.
 CHECKPOINT_INTERVAL = 500
-#: Seed of the ``--train-subset`` draw.
-SUBSET_SEED = 12345
+SUBSET_SEED = 12345  # of the --train-subset draw
 PCA_COMPONENTS = 50
 LABEL_SPREADING = {"kernel": "knn", "n_neighbors": 10, "alpha": 0.2, "max_iter": 30}
 SELF_TRAINING = {"threshold": 0.75, "max_iter": 10}

@@ -247,8 +247,9 @@ SECTIONS = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
 
 
 def main(argv=None):
-    parser = h.make_parser(__doc__.split("\n\n")[0], "scale")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "scale", cases=False)
     add = parser.add_argument
+    add("--only", action="append", choices=list(SECTIONS), help="run this section")
     add("--seed", type=int, default=0, help="label draw")
     add("--search-steps", type=int, default=2000)
     modes = ["serial", "threads", "processes"]

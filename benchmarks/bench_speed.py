@@ -299,7 +299,7 @@ def render(paths):
 
 
 def main(argv=None):
-    parser = h.make_parser(__doc__.split("\n\n")[0], "speed")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "speed", cases=False)
     add = parser.add_argument
     add("--steps", type=int, help="timed steps of (a), (b) (2000 cuda, 200 cpu)")
     add("--warmup-steps", type=int, help="warm-up steps (default 50 cuda, 3 cpu)")
