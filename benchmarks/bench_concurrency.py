@@ -1,107 +1,58 @@
 """How much one GPU gains from running several small training steps at once.
 
-``GridSearchCV(n_jobs=k)`` with ``device="cuda"`` fits candidates in threads,
-each on a CUDA stream of its own, so the GPU may run their steps side by
-side. Parts (a) to (c) measure the most that can gain at the paper's batch
-size (100 labeled + 100 unlabeled MNIST-sized images a step), free of
-anything skassoc does: the paper's network and losses as written in
-``bench_speed.py`` (the bare loop's), Adam with ``capturable=True``, each
-model's step captured as a CUDA graph on random inputs. Measured, for
-TF32 (``float32`` tensors, TF32 matrix products and convolutions) and for
-bf16 autocast:
+``GridSearchCV`` with ``device="cuda"`` fits candidates in threads, each on a
+CUDA stream of its own. Parts (a)-(c) measure the most that can gain at the
+paper's batch (100 labeled + 100 unlabeled 28x28 images), free of anything
+skassoc does: the bare loop's network and losses of ``bench_speed.py``, Adam
+with ``capturable=True``, each model's step captured as a CUDA graph on random
+inputs, in TF32 and in bf16 autocast. (a) One graph replayed alone, ms a step.
+(b) ``N`` models (``--streams``) replayed in turn from one thread, each on its
+own stream: ms a step per model and the speed-up over (a). (c) One model with
+an ``N`` x 200-image batch, ms per 200 images: an estimate of stacking ``N``
+candidates into one network (which would have ``N`` sets of weights and
+``N`` association matrices where this has one). (d) skassoc itself: ``N``
+whole fits of ``--fit-steps`` steps of recipe "paper" on synthetic images,
+one after another, then in ``N`` threads as joblib's threading backend runs
+them: ms a step per fit and the speed-up of the threads.
 
-(a) one graph replayed alone: milliseconds a step;
-(b) ``N`` independent models (``--streams``), their graphs replayed in turn
-    from one thread, each on a stream of its own: milliseconds a step per
-    model, and the speed-up over (a) (the most that ``N`` fits in threads
-    can gain, without Python, locks or synchronisation in the way);
-(c) one model whose batch holds ``N`` x 200 images (half labeled): the
-    milliseconds per 200 images estimate what stacking ``N`` candidates into
-    one network (grouped convolutions, ``torch.func.vmap``) could gain. It
-    is an estimate: the stacked candidates would have ``N`` sets of weights
-    and ``N`` association matrices of 100 x 100, where this model has one
-    set of weights and one matrix of ``100 N`` x ``100 N``;
-(d) skassoc itself: ``N`` fits of ``--fit-steps`` steps (recipe
-    ``"paper"``, ``device="cuda"`` and the precision at hand, on synthetic
-    28 x 28 images, 100 of them labeled) one after another, then at once in
-    ``N`` threads of this process, as ``GridSearchCV`` under joblib's
-    threading backend runs them: wall time of the whole fits (validation,
-    copy to the GPU, capture), milliseconds a step per fit, and the speed-up
-    of the threads. Compare its milliseconds with those of (b): skassoc's
-    step alone is faster than this script's, so it has less to gain.
+The table, from ``benchmarks/results/concurrency_cuda.json``::
 
-Run on a GPU (over a minute: the timed fits of part (d) alone took 74 s on
-an H100 in the committed results)::
+    python benchmarks/bench_concurrency.py --render-only
+
+Run on a GPU::
 
     python benchmarks/bench_concurrency.py
-
-Results go to ``--json`` (default ``benchmarks/results/concurrency_cuda.json``).
 """
 
-import argparse
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import _harness as h
 import numpy as np
 import torch
-from _common import REPO_ROOT, environment, text_table, write_json
 from bench_speed import BareMNISTNet, bare_losses
 
-# Benchmark the checkout this script belongs to, installed or not.
-sys.path.insert(0, str(REPO_ROOT))
-
-from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params
 
 IMAGES_PER_STEP = 200
 LABELED = 100
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--streams",
-        type=int,
-        nargs="+",
-        default=[2, 4, 8],
-        help="numbers of models replayed side by side, and batch multiples of (c)",
-    )
-    parser.add_argument("--steps", type=int, default=500, help="timed replays")
-    parser.add_argument(
-        "--fit-steps",
-        type=int,
-        default=1000,
-        help="steps of each skassoc fit in (d); 0 skips (d)",
-    )
-    parser.add_argument(
-        "--pool-size",
-        type=int,
-        default=10_000,
-        help="synthetic images each skassoc fit of (d) gets (100 labeled)",
-    )
-    parser.add_argument(
-        "--precisions",
-        nargs="+",
-        default=["tf32", "bf16"],
-        help="tf32 (float32 tensors, TF32 arithmetic) and/or bf16 (autocast)",
-    )
-    parser.add_argument(
-        "--json",
-        default=None,
-        help="results file (default benchmarks/results/concurrency_cuda.json)",
-    )
-    args = parser.parse_args(argv)
-    if min(args.streams) < 1 or args.steps < 1:
-        parser.error("--streams and --steps take positive integers")
-    if args.fit_steps < 0:
-        parser.error("--fit-steps takes 0 (skip) or a positive integer")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "concurrency", cases=False)
+    add = parser.add_argument
+    add("--streams", type=int, nargs="+", default=[2, 4, 8], help="values of N")
+    add("--steps", type=int, default=500, help="timed replays")
+    add("--fit-steps", type=int, default=1000, help="steps of a fit of (d); 0 skips")
+    add("--pool-size", type=int, default=10_000, help="images of a fit of (d)")
+    add("--precisions", nargs="+", default=["tf32", "bf16"], choices=["tf32", "bf16"])
+    parser.set_defaults(device="cuda")
+    args = h.parse(parser, argv)
+    if min(args.streams) < 1 or args.steps < 1 or args.fit_steps < 0:
+        parser.error("--streams, --steps and --fit-steps take positive integers")
     if args.pool_size < 200:
         parser.error("--pool-size must be at least 200 (100 labeled images)")
-    unknown = set(args.precisions) - {"tf32", "bf16"}
-    if unknown:
-        parser.error(f"--precisions takes tf32 and/or bf16, got {sorted(unknown)}")
-    # Each figure once: a repeated value would be measured twice and, for a
-    # precision, overwrite its own results.
+    # Each figure once: a repeated value would be measured twice.
     args.streams = sorted(set(args.streams))
     args.precisions = list(dict.fromkeys(args.precisions))
     return args
@@ -159,17 +110,7 @@ def seconds_per_round(graphs, streams, rounds, device):
 
 
 def measure(precision, args, device):
-    """Parts (a) to (d) in one precision.
-
-    Returns
-    -------
-    results : dict
-        ``"side_by_side"``: rows of (a) and (b) (``models``, ``ms_per_step``
-        per model, ``speedup`` over one model alone); ``"stacked"``: rows of
-        (c) (``batch_multiple``, ``images_per_step``, ``ms_per_step``,
-        ``ms_per_200_images``, ``speedup``); ``"skassoc_threads"`` (unless
-        ``--fit-steps 0``): rows of (d), see :func:`measure_fits`.
-    """
+    """Parts (a) to (d) in one precision."""
     bf16 = precision == "bf16"
     n_max = max(args.streams)
     steps = [captured_step(device, bf16, seed=i) for i in range(n_max)]
@@ -182,9 +123,8 @@ def measure(precision, args, device):
         if n == 1:
             continue
         per_step = seconds_per_round(graphs[:n], streams[:n], args.steps, device) / n
-        rows.append(
-            {"models": n, "ms_per_step": per_step * 1e3, "speedup": alone / per_step}
-        )
+        speedup = alone / per_step
+        rows.append({"models": n, "ms_per_step": per_step * 1e3, "speedup": speedup})
     del steps, graphs
     stacked = []
     for n in args.streams:
@@ -219,23 +159,13 @@ def synthetic_images(n_images, seed=0):
 
 
 def measure_fits(precision, args, device):
-    """Part (d): skassoc fits on ``device`` one after another, then in threads.
-
-    Returns
-    -------
-    rows : list of dict
-        ``fits``, ``serial_s`` (``fits`` fits one after another; for fewer
-        than the largest ``N``, that many times the mean fit of the largest
-        serial run), ``threads_s``, ``ms_per_step`` (threads' wall time per
-        step of each fit) and ``speedup``.
-    """
+    """Part (d): skassoc fits on ``device`` one after another, then in threads
+    (the serial time of fewer than the most fits: that many mean fits)."""
     X, y = synthetic_images(args.pool_size)
 
     def fit(seed, steps=args.fit_steps):
-        params = recipe_params("paper")
-        params.update(
-            max_iter=steps, device=str(device), precision=precision, random_state=seed
-        )
+        params = dict(max_iter=steps, device=str(device), precision=precision)
+        params = recipe_params("paper") | params | {"random_state": seed}
         SemiSupervisedAssociationClassifier(**params).fit(X, y)
 
     # cuDNN autotuning, CUDA context, first capture.
@@ -245,37 +175,57 @@ def measure_fits(precision, args, device):
     for seed in range(n_max):
         fit(seed)
     per_fit = (time.perf_counter() - start) / n_max
-    rows = [
-        {
-            "fits": 1,
-            "serial_s": per_fit,
-            "threads_s": per_fit,
-            "ms_per_step": per_fit / args.fit_steps * 1e3,
-            "speedup": 1.0,
-        }
-    ]
-    for n in args.streams:
-        if n == 1:
-            continue
+
+    def row(n, seconds):
+        ms = seconds / (n * args.fit_steps) * 1e3
+        row = dict(fits=n, serial_s=n * per_fit, threads_s=seconds)
+        return row | {"ms_per_step": ms, "speedup": n * per_fit / seconds}
+
+    rows = [row(1, per_fit)]
+    for n in (n for n in args.streams if n > 1):
         start = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(fit, range(n)))
-        threads = time.perf_counter() - start
-        rows.append(
-            {
-                "fits": n,
-                "serial_s": n * per_fit,
-                "threads_s": threads,
-                "ms_per_step": threads / (n * args.fit_steps) * 1e3,
-                "speedup": n * per_fit / threads,
-            }
-        )
+        rows.append(row(n, time.perf_counter() - start))
     return rows
 
 
+def render(results):
+    """(b), (c) and (d) side by side: ms a step per model and the speed-up."""
+    header = ["N", "side by side (bare)", "N x batch (bare)", "skassoc in threads"]
+    cells = []
+    for precision in ("tf32", "bf16"):
+        if precision not in results:
+            continue
+        part = results[precision]
+        cells.append([precision.upper().replace("BF", "bf"), "", "", ""])
+        side = {r["models"]: r for r in part["side_by_side"]}
+        stacked = {r["batch_multiple"]: r for r in part["stacked"]}
+        stacked.setdefault(1, {**side[1], "ms_per_200_images": side[1]["ms_per_step"]})
+        fits = {r["fits"]: r for r in part.get("skassoc_threads", [])}
+
+        def cell(row, key="ms_per_step"):
+            return f"{row[key]:.3f} ms ({row['speedup']:.2f}x)" if row else "n/a"
+
+        for n in sorted(side):
+            stack = cell(stacked.get(n), "ms_per_200_images")
+            cells.append([str(n), cell(side[n]), stack, cell(fits.get(n))])
+    return f"{h.env_line(results['environment'])}\n\n{h.rst_table(header, cells)}"
+
+
 def main(argv=None):
-    """Measure, print the tables and write the JSON; see the module docstring."""
+    """Measure, write the JSON and the table; see the module docstring."""
     args = parse_args(argv)
+    if args.render_only:
+        results = h.load_json(args.json)
+    else:
+        results = run(args)
+    text = render(results)
+    h.write_text(args.table, text + "\n")
+    print(f"{text}\n\nwrote {args.table}")
+
+
+def run(args):
     if not torch.cuda.is_available():
         raise SystemExit(
             "error: bench_concurrency.py measures CUDA streams and graphs and "
@@ -283,18 +233,16 @@ def main(argv=None):
         )
     device = torch.device("cuda")
     if "bf16" in args.precisions and not torch.cuda.is_bf16_supported():
-        # Autocast would fall back to float32 with only a warning, and the
-        # float32 figures would be recorded as bf16.
+        # Autocast would fall back to float32 with only a warning.
         raise SystemExit(
-            "error: this GPU has no bf16 arithmetic; run with --precisions tf32."
+            "error: this GPU has no bf16 arithmetic; use --precisions tf32"
         )
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    out = args.json or REPO_ROOT / "benchmarks" / "results" / "concurrency_cuda.json"
     results = {
-        "environment": environment(device),
-        "args": {**vars(args), "json": str(out)},
+        "environment": h.environment(device),
+        "args": vars(args),
         "backend": {
             "cudnn_benchmark": True,
             "cudnn_allow_tf32": True,
@@ -303,55 +251,9 @@ def main(argv=None):
     }
     for precision in args.precisions:
         results[precision] = measure(precision, args, device)
-        write_json(out, results)
-        side = results[precision]["side_by_side"]
-        print(f"\n{precision}: models replayed side by side, one stream each")
-        print(
-            text_table(
-                ["Models", "ms a step per model", "Speed-up"],
-                [
-                    [r["models"], f"{r['ms_per_step']:.3f}", f"{r['speedup']:.2f}x"]
-                    for r in side
-                ],
-            )
-        )
-        print(f"\n{precision}: one model, batch of N x {IMAGES_PER_STEP} images")
-        print(
-            text_table(
-                ["N", "ms a step", f"ms per {IMAGES_PER_STEP} images", "Speed-up"],
-                [
-                    [
-                        r["batch_multiple"],
-                        f"{r['ms_per_step']:.3f}",
-                        f"{r['ms_per_200_images']:.3f}",
-                        f"{r['speedup']:.2f}x",
-                    ]
-                    for r in results[precision]["stacked"]
-                ],
-            )
-        )
-        if "skassoc_threads" in results[precision]:
-            print(
-                f"\n{precision}: skassoc fits of {args.fit_steps} steps, "
-                "one after another and in threads"
-            )
-            print(
-                text_table(
-                    ["Fits", "Serial s", "Threads s", "ms a step per fit", "Speed-up"],
-                    [
-                        [
-                            r["fits"],
-                            f"{r['serial_s']:.2f}",
-                            f"{r['threads_s']:.2f}",
-                            f"{r['ms_per_step']:.3f}",
-                            f"{r['speedup']:.2f}x",
-                        ]
-                        for r in results[precision]["skassoc_threads"]
-                    ],
-                )
-            )
-    print(f"\nwrote {out}")
+        h.write_json(args.json, results)
+    return results
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

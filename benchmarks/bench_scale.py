@@ -1,77 +1,50 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
-Three measurements on MNIST with the paper's recipe (100 labels), each a
-section of its own (``--sections``):
+Three sections on MNIST with the paper's recipe (100 labels):
 
 ``search``
-    ``GridSearchCV`` over 8 candidates (``visit_weight`` x ``walker_weight``
-    x ``learning_rate``, 2 x 2 x 2) with one fixed split (the 60,000 training
-    images with 100 labels to fit, the 10,000 test images to score), each
-    fit ``--search-steps`` steps: one after another (``n_jobs=1``), then all
-    at once in threads of one process (``joblib.parallel_backend("threading",
-    n_jobs=8)``); each fit runs on a CUDA stream of its own, so the GPU runs
-    the candidates' steps side by side. ``--search-modes`` adds
-    ``processes`` (joblib's default loky backend), where the GPU time-slices
-    between processes. Wall time of ``search.fit`` and the speed-up.
+    ``GridSearchCV`` over 8 candidates (2 x 2 x 2 of ``visit_weight``,
+    ``walker_weight``, ``learning_rate``), one fixed split (train on the
+    training images, score on the test images), ``--search-steps`` steps a
+    fit: one after another, then in 8 threads (``joblib``'s threading
+    backend; each fit on a CUDA stream of its own); ``--search-modes`` adds
+    ``processes``. Wall time of ``search.fit`` and the speed-up.
 ``batch``
-    Unlabeled batches of ``--unlabeled-sizes`` images (100 labeled): the
-    milliseconds per step of a fit of ``--batch-steps`` steps (fit overhead
-    removed by subtracting a fit of 3 steps) and the peak GPU memory of the
-    fit (``torch.cuda.max_memory_allocated``); a warm-up fit of each shape
-    comes first (cuDNN autotuning). Above 4,096 images a batch is
-    embedded in chunks with activation checkpointing.
+    Unlabeled batches of ``--unlabeled-sizes`` images: ms per step of a fit of
+    ``--batch-steps`` steps less a fit of 3 steps, after a warm-up fit of the
+    same shape, and the fit's peak GPU memory.
 ``memmap``
-    An unlabeled pool of ``--pool-size`` images (MNIST's training images
-    repeated, each copy rolled by a random shift of up to two pixels; with
-    25 possible shifts, some copies share one and repeat earlier rows)
-    written to a ``numpy.memmap`` on disk, plus the 100 labeled images.
-    ``fit`` gathers each batch from the file on the host; the pool is never
-    copied whole into memory or onto the GPU. Reported: file size, ms per
-    step against the same number of steps on the 60,000 training images held
-    on the device, the process's peak private memory (``RssAnon``, sampled
-    every 5 ms) above what it was before the fit, its peak resident set
-    (``VmHWM``, which also counts the file's cached pages mapped in), and
-    peak GPU memory.
+    A pool of ``--pool-size`` images (MNIST's training images repeated, each
+    copy rolled by up to two pixels) in a ``numpy.memmap`` on disk, plus the
+    100 labeled images: ms per step against the training images in memory,
+    the growth of the process's private memory (``RssAnon`` sampled every
+    5 ms) during the fit, its peak resident set, peak GPU memory.
 
-Run on a GPU (about 3 minutes)::
+The table (section ``batch``), from ``benchmarks/results/scale_cuda.json``::
+
+    python benchmarks/bench_scale.py --device cuda --render-only
+
+Run (``--only SECTION`` for one; the JSON keeps the sections not run)::
 
     python benchmarks/bench_scale.py --device cuda
-
-and a short CPU run::
-
-    python benchmarks/bench_scale.py --device cpu --sections memmap \\
-        --memmap-steps 20 --pool-size 200000
-
-Results go to ``--json`` (default ``benchmarks/results/scale_<device>.json``).
+    python benchmarks/bench_scale.py --device cpu --only memmap \\
+        --memmap-steps 20 --pool-size 200000 --json /tmp/scale.json
 """
 
-import argparse
 import os
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import _harness as h
 import joblib
 import numpy as np
 import torch
-from _common import (
-    REPO_ROOT,
-    default_data_home,
-    environment,
-    resolve_device,
-    synchronize,
-    text_table,
-    write_json,
-)
 from sklearn.model_selection import GridSearchCV
 
-# Benchmark the checkout this script belongs to, installed or not.
-sys.path.insert(0, str(REPO_ROOT))
-
-from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
-from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params
+from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
 SEARCH_GRID = {
     "visit_weight": [0.5, 1.0],
@@ -81,24 +54,9 @@ SEARCH_GRID = {
 
 
 def recipe(max_iter, device, **overrides):
-    params = recipe_params("paper")
-    params.update(
-        max_iter=max_iter,
-        lr_decay_steps=max(1, max_iter // 4),
-        device=str(device),
-        random_state=0,
-    )
-    params.update(overrides)
-    return params
-
-
-def timed_fit(X, y, params, device):
-    clf = SemiSupervisedAssociationClassifier(**params)
-    synchronize(device)
-    start = time.perf_counter()
-    clf.fit(X, y)
-    synchronize(device)
-    return clf, time.perf_counter() - start
+    decay = max(1, max_iter // 4)
+    params = dict(max_iter=max_iter, lr_decay_steps=decay, device=str(device))
+    return recipe_params("paper") | params | {"random_state": 0, **overrides}
 
 
 # ------------------------------------------------------------------- search
@@ -111,11 +69,11 @@ def run_search(data, args, device):
     split = [(np.arange(len(X_train)), np.arange(len(X_train), len(X)))]
     estimator = SemiSupervisedAssociationClassifier(**recipe(args.search_steps, device))
     # Warm-up: CUDA context, cuDNN autotuning, allocator.
-    timed_fit(X_train, y_semi, recipe(50, device), device)
+    h.timed_fit(X_train, y_semi, recipe(50, device), device)
     rows = []
     for mode in args.search_modes:
         search = GridSearchCV(estimator, SEARCH_GRID, cv=split, refit=False)
-        synchronize(device)
+        h.synchronize(device)
         start = time.perf_counter()
         if mode == "serial":
             search.set_params(n_jobs=1).fit(X, y)
@@ -124,7 +82,7 @@ def run_search(data, args, device):
                 search.fit(X, y)
         else:
             search.set_params(n_jobs=8).fit(X, y)
-        synchronize(device)
+        h.synchronize(device)
         seconds = time.perf_counter() - start
         scores = search.cv_results_["mean_test_score"]
         rows.append(
@@ -140,21 +98,6 @@ def run_search(data, args, device):
     serial = next((r["seconds"] for r in rows if r["mode"] == "serial"), None)
     for row in rows:
         row["speedup_vs_serial"] = serial / row["seconds"] if serial else None
-    print(
-        text_table(
-            ["Mode", "Candidates", "Steps each", "Wall s", "Speed-up"],
-            [
-                [
-                    r["mode"],
-                    r["candidates"],
-                    r["steps_per_fit"],
-                    f"{r['seconds']:.1f}",
-                    f"{r['speedup_vs_serial']:.2f}x" if serial else "n/a",
-                ]
-                for r in rows
-            ],
-        )
-    )
     return rows
 
 
@@ -170,13 +113,13 @@ def run_batch(data, args, device):
             try:
                 params = dict(unlabeled_batch_size=size, precision=precision)
                 # The first fit of a new shape pays for cuDNN's autotuning.
-                timed_fit(X_train, y_semi, recipe(3, device, **params), device)
-                _, short = timed_fit(
+                h.timed_fit(X_train, y_semi, recipe(3, device, **params), device)
+                _, short = h.timed_fit(
                     X_train, y_semi, recipe(3, device, **params), device
                 )
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                _, seconds = timed_fit(
+                _, seconds = h.timed_fit(
                     X_train, y_semi, recipe(args.batch_steps, device, **params), device
                 )
                 row["ms_per_step"] = 1000 * (seconds - short) / (args.batch_steps - 3)
@@ -191,20 +134,6 @@ def run_batch(data, args, device):
                 torch.cuda.empty_cache()
             rows.append(row)
             print(row, flush=True)
-    print(
-        text_table(
-            ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"],
-            [
-                [
-                    r["unlabeled_batch_size"],
-                    r["precision"],
-                    f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"],
-                    f"{r['peak_gpu_mib']:.0f}" if "peak_gpu_mib" in r else "n/a",
-                ]
-                for r in rows
-            ],
-        )
-    )
     return rows
 
 
@@ -274,12 +203,12 @@ def run_memmap(data, args, device):
     y_pool = np.full(len(pool), -1)
     y_pool[: labeled.sum()] = y_semi[labeled]
     params = recipe(args.memmap_steps, device)
-    timed_fit(X_train, y_semi, recipe(10, device), device)  # warm-up
-    _, in_memory_seconds = timed_fit(X_train, y_semi, params, device)
+    h.timed_fit(X_train, y_semi, recipe(10, device), device)  # warm-up
+    _, in_memory_seconds = h.timed_fit(X_train, y_semi, params, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with _PeakPrivateMemory() as memory:
-        clf, seconds = timed_fit(pool, y_pool, params, device)
+        clf, seconds = h.timed_fit(pool, y_pool, params, device)
     error = 100 * float(np.mean(clf.predict(X_test) != y_test))
     row = {
         "pool_images": int(len(pool)),
@@ -299,74 +228,62 @@ def run_memmap(data, args, device):
         path.unlink()
         os.rmdir(folder)
     print(row, flush=True)
-    print(
-        text_table(
-            ["Pool", "File MiB", "ms/step memmap", "ms/step in memory", "+private MiB"],
-            [
-                [
-                    row["pool_images"],
-                    f"{row['file_mib']:.0f}",
-                    f"{row['ms_per_step_memmap']:.2f}",
-                    f"{row['ms_per_step_in_memory_60k']:.2f}",
-                    f"{row['peak_private_memory_growth_mib']:.0f}",
-                ]
-            ],
-        )
-    )
     return row
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--data-home", default=None)
-    parser.add_argument(
-        "--sections",
-        nargs="+",
-        default=["search", "batch", "memmap"],
-        choices=["search", "batch", "memmap"],
-    )
-    parser.add_argument("--seed", type=int, default=0, help="label draw")
-    parser.add_argument("--search-steps", type=int, default=2000)
-    parser.add_argument(
-        "--search-modes",
-        nargs="+",
-        default=["serial", "threads"],
-        choices=["serial", "threads", "processes"],
-    )
-    parser.add_argument(
-        "--unlabeled-sizes", type=int, nargs="+", default=[1000, 5000, 20000, 60000]
-    )
-    parser.add_argument("--precisions", nargs="+", default=["tf32", "bf16"])
-    parser.add_argument("--batch-steps", type=int, default=23)
-    parser.add_argument("--pool-size", type=int, default=1_000_000)
-    parser.add_argument("--pool-dir", default=None, help="default: a temporary folder")
-    parser.add_argument("--memmap-steps", type=int, default=2000)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    if args.batch_steps <= 3:
-        # The step time is the difference to a 3-step fit of the same shape.
-        parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
-    return args
+def render(results):
+    """Section ``batch``: ms per step and peak GPU memory by batch size."""
+    batch = results["batch"]
+    header = ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"]
+    cells = []
+    for r in batch["rows"]:
+        ms = f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"]
+        mib = f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a"
+        cells.append([f"{r['unlabeled_batch_size']:,}", r["precision"], ms, mib])
+    return f"{h.env_line(batch['environment'])}\n\n{h.rst_table(header, cells)}"
+
+
+SECTIONS = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    data_home = args.data_home or default_data_home()
-    X_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)
-    X_test, y_test = load_mnist("test", data_home=data_home, return_X_y=True)
-    y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
-    data = (X_train, y_semi, X_test, y_test)
-    results = {"environment": environment(device), "args": vars(args)}
-    out = (
-        args.json or REPO_ROOT / "benchmarks" / "results" / f"scale_{device.type}.json"
-    )
-    sections = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
-    for name in args.sections:
-        results[name] = sections[name](data, args, device)
-        write_json(out, results)
-    print(f"wrote {out}")
+    parser = h.make_parser(__doc__.split("\n\n")[0], "scale", cases=False)
+    add = parser.add_argument
+    add("--only", action="append", choices=list(SECTIONS), help="run this section")
+    add("--seed", type=int, default=0, help="label draw")
+    add("--search-steps", type=int, default=2000)
+    modes = ["serial", "threads", "processes"]
+    add("--search-modes", nargs="+", default=modes[:2], choices=modes)
+    add("--unlabeled-sizes", type=int, nargs="+", default=[1000, 5000, 20000, 60000])
+    add("--precisions", nargs="+", default=["tf32", "bf16"])
+    add("--batch-steps", type=int, default=23)
+    add("--pool-size", type=int, default=1_000_000)
+    add("--pool-dir", default=None, help="default: a temporary folder")
+    add("--memmap-steps", type=int, default=2000)
+    args = h.parse(parser, argv)
+    if args.batch_steps <= 3:
+        # The step time is the difference to a 3-step fit of the same shape.
+        parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
+    results = h.load_json(args.json) if Path(args.json).is_file() else {}
+    if not args.render_only:
+        device = h.resolve_device(args.device)
+        home = h.mnist_home(args.data_home)
+        X_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
+        X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+        y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
+        data = (X_train, y_semi, X_test, y_test)
+        for name, section in SECTIONS.items():
+            if args.only and name not in args.only:
+                continue
+            env = {"environment": h.environment(device), "args": vars(args)}
+            rows = section(data, args, device)
+            key = "row" if name == "memmap" else "rows"
+            results[name] = {**env, key: rows}
+            h.write_json(args.json, results)
+    if "batch" in results and args.table:
+        text = render(results)
+        h.write_text(args.table, text + "\n")
+        print(f"{text}\n\nwrote {args.table}")
 
 
 if __name__ == "__main__":

@@ -1,92 +1,37 @@
 """Training and prediction speed of skassoc against a bare PyTorch loop.
 
-What is measured, on one machine in one run (MNIST, the paper's recipe:
-10 labeled images per class out of 100 fixed labeled ones plus 100
-unlabeled images a step, Adam 1e-3 with StepLR(5000, 0.33)):
+In one run on one machine (MNIST, 100 labels, the paper's recipe): (a) a bare
+PyTorch loop of the same network, losses and batches written the way a user
+writes it (eager, float32, indices drawn on the host, ``loss.item()`` every
+step; no code of skassoc), timed after a warm-up; (b) skassoc's whole
+``fit()`` of the same steps (validation, copy to the device, CUDA-graph
+capture and the steps), after a warm-up fit, and a short fit whose time gives
+the fixed cost of a fit; (c) complete fits of ``--accuracy-steps`` steps of
+``--accuracy-recipe`` (``lr_decay_steps = max_iter // 4``), their wall time
+and test error (skip with ``--skip-accuracy``); (d) ``predict`` throughput.
 
-(a) **bare loop**: the paper's MNIST network and losses written the way a
-    typical user writes them: all 60k training images as a float32 tensor
-    on the device, batch indices drawn with numpy on the host every step,
-    ``loss.item()`` every step, float32 (no autocast, PyTorch's default
-    backend flags), no CUDA graph, one forward pass of the 200 images
-    concatenated, unlabeled images drawn from all 60k (skassoc draws them
-    from the 59,900 unlabeled ones). Network and losses are transcribed into
-    this file; nothing of skassoc is used. A short loop runs first as
-    warm-up; the timed loop is a fresh model trained for ``--steps`` steps
-    (the model's construction is not timed, the loop is).
-(b) **skassoc**: ``SemiSupervisedAssociationClassifier(**recipe_params("paper"),
-    max_iter=N, ...)`` fitted on the same images and labels. A short fit runs
-    first (CUDA init, cuDNN autotuning); the figure is the wall time of a
-    whole second ``fit`` of N steps, which includes what ``fit`` does besides
-    training: input validation, the copy of the data to the device and the
-    capture of the CUDA graph. A third, short timed fit of ``--warmup-steps``
-    steps gives the fixed cost of a fit, and from it the marginal speed of
-    the training steps alone. With ``--compile``, every skassoc fit of (b)
-    and (c) compiles its network (``compile=True``); the first, untimed
-    fit pays for the compilation, and its wall time is recorded as
-    ``first_fit_seconds``.
-(c) **time to accuracy** (skip with ``--skip-accuracy``): skassoc, recipe
-    ``--accuracy-recipe`` (default "paper"), 100 labels drawn with
-    ``make_semi_supervised_labels(y, 10, random_state=seed)``. Scores during
-    one fit (``fit(X, y, X_val=..., y_val=...)``) would show a single
-    schedule part-way through; the question here is how short a whole
-    schedule can be, so this runs complete fits of ``--accuracy-steps``
-    steps (default 5000, 10000, 20000; each a full schedule with
-    ``lr_decay_steps = max_iter // 4``) and reports each fit's wall time
-    (evaluation excluded) and test error, and the shortest fit whose test
-    error is at most ``--target-error`` percent.
-(d) **predict throughput**: images/s of ``predict`` of the model of (b) on
-    the 10,000 test images, and on ``--predict-rows`` rows made by tiling
-    them (default 100,000 on a GPU, 20,000 on a CPU; shows the batching of
-    ``predict``).
+Every table, from the JSON files ``benchmarks/results/speed_<device>*.json``
+(one file per precision, compilation and recipe of (c))::
 
-The test error of the models of (a) and (b) is printed as a sanity check
-(both should train alike); it is not part of any timing.
+    python benchmarks/bench_speed.py --device cuda --render-only
 
-Run on a GPU (about 1.5 minutes on an H200 with (c), 25 s without)::
+Runs::
 
-    python benchmarks/bench_speed.py --device cuda
-    python benchmarks/bench_speed.py --device cuda --precision bf16 --skip-accuracy
-    python benchmarks/bench_speed.py --device cuda --compile
-
-and on a CPU (short)::
-
-    python benchmarks/bench_speed.py --device cpu --steps 20 --skip-accuracy
-
-The MNIST files are read from ``--data-home`` (default: ``$SKASSOC_MNIST_DIR``,
-else ``../shared/data/mnist`` next to the repository, else
-``data_local/mnist`` in it). Results go to ``--json`` (default
-``benchmarks/results/speed_<device>.json``) with the machine, the library
-versions and all figures.
+    python benchmarks/bench_speed.py --device cuda [--precision bf16] [--compile]
+    python benchmarks/bench_speed.py --device cpu --accuracy-steps 2000
 """
 
-import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
+import _harness as h
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _common import (
-    REPO_ROOT,
-    default_data_home,
-    environment,
-    synchronize,
-)
 from torch import nn
 
-# Benchmark the checkout this script belongs to, installed or not.
-sys.path.insert(0, str(REPO_ROOT))
-
-
-from skassoc import (  # noqa: E402
-    RECIPES,
-    SemiSupervisedAssociationClassifier,
-    recipe_params,
-)
-from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
+from skassoc import RECIPES, recipe_params
+from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
 LABELED_PER_CLASS = 10
 UNLABELED_BATCH = 100
@@ -107,26 +52,15 @@ class BareMNISTNet(nn.Module):
     def __init__(self, embedding_dim=128, n_classes=10):
         super().__init__()
 
-        def conv(cin, cout):
-            return nn.Conv2d(cin, cout, 3, padding=1)
+        def block(cin, cout):
+            conv = (
+                nn.Conv2d(cin, cout, 3, padding=1),
+                nn.Conv2d(cout, cout, 3, padding=1),
+            )
+            return [conv[0], nn.ELU(), conv[1], nn.ELU(), nn.MaxPool2d(2, 2)]
 
-        self.features = nn.Sequential(
-            conv(1, 32),
-            nn.ELU(),
-            conv(32, 32),
-            nn.ELU(),
-            nn.MaxPool2d(2, 2),
-            conv(32, 64),
-            nn.ELU(),
-            conv(64, 64),
-            nn.ELU(),
-            nn.MaxPool2d(2, 2),
-            conv(64, 128),
-            nn.ELU(),
-            conv(128, 128),
-            nn.ELU(),
-            nn.MaxPool2d(2, 2),
-        )
+        blocks = [block(1, 32), block(32, 64), block(64, 128)]
+        self.features = nn.Sequential(*(layer for b in blocks for layer in b))
         self.embedding = nn.Linear(3 * 3 * 128, embedding_dim)
         self.logits = nn.Linear(embedding_dim, n_classes)
         for module in self.modules():
@@ -168,7 +102,7 @@ def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
     n_train = len(y_train)
     losses = []
     model.train()
-    synchronize(device)
+    h.synchronize(device)
     start = time.perf_counter()
     for _ in range(n_steps):
         lab = np.concatenate(
@@ -190,7 +124,7 @@ def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
         # Without the L2 term, like skassoc's history_ (where L2 is Adam's
         # weight decay), so that the two final losses compare.
         losses.append(association.item())
-    synchronize(device)
+    h.synchronize(device)
     return model, time.perf_counter() - start, losses
 
 
@@ -206,257 +140,64 @@ def bare_test_error(model, x_test, y_test):
     return 100.0 * wrong / len(y_test)
 
 
-# ------------------------------------------------------------------- helpers
-
-
 def skassoc_fit(x, y_semi, max_iter, args, device, recipe="paper", **overrides):
     """Fit a recipe; return the estimator and the fit's wall seconds."""
     params = recipe_params(recipe)
-    params.update(
-        max_iter=max_iter,
-        device=device.type,
-        precision=args.precision,
-        compile=args.compile,
-        random_state=args.seed,
-    )
-    params.update(overrides)
-    clf = SemiSupervisedAssociationClassifier(**params)
-    synchronize(device)
-    start = time.perf_counter()
-    clf.fit(x, y_semi)
-    synchronize(device)
-    return clf, time.perf_counter() - start
+    params.update(max_iter=max_iter, device=device.type, precision=args.precision)
+    params.update(compile=args.compile, random_state=args.seed, **overrides)
+    return h.timed_fit(x, y_semi, params, device)
 
 
-def classifier_test_error(clf, x_test, y_test):
-    return 100.0 * float(np.mean(clf.predict(x_test) != y_test))
+def error(predicted, y):
+    return 100.0 * float(np.mean(predicted != y))
 
 
-def backend_flags():
-    return {
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-    }
-
-
-def save(results, path):
-    """Write the figures so far (after every part, so a crash keeps them)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-
-
-def fmt(value):
-    """Three significant figures, without exponent notation for large values."""
-    if value >= 100:
-        return f"{value:.0f}"
-    return f"{value:.3g}"
-
-
-def print_table(title, header, rows):
-    widths = [
-        max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))
-    ]
-    print(f"\n{title}")
-    line = "  ".join(
-        str(h).ljust(w) if i == 0 else str(h).rjust(w)
-        for i, (h, w) in enumerate(zip(header, widths))
-    )
-    print(line)
-    print("-" * len(line))
-    for row in rows:
-        print(
-            "  ".join(
-                str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths))
-            )
-        )
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="timed training steps of (a) and (b) (default 2000 on cuda, 200 on cpu)",
-    )
-    parser.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=None,
-        help="steps of the untimed warm-up loop and fit (default 50 cuda, 3 cpu)",
-    )
-    parser.add_argument(
-        "--data-home",
-        default=None,
-        help="folder with the MNIST files (default: $SKASSOC_MNIST_DIR, else "
-        "../shared/data/mnist beside the repository, else data_local/mnist)",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=["auto", "fp32", "tf32", "bf16"],
-        default="auto",
-        help="skassoc's precision parameter (the bare loop is always float32)",
-    )
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="skassoc's compile=True (torch.compile of the network) in (b) and (c)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="labels and init seed")
-    parser.add_argument("--skip-accuracy", action="store_true", help="skip (c)")
-    parser.add_argument(
-        "--accuracy-steps",
-        default="5000,10000,20000",
-        help="comma-separated max_iter of the full fits of (c)",
-    )
-    parser.add_argument(
-        "--target-error", type=float, default=1.0, help="test error %% of (c)"
-    )
-    parser.add_argument(
-        "--accuracy-recipe",
-        # The recipes for the MNIST network: this benchmark's data.
-        choices=sorted(n for n, p in RECIPES.items() if p.get("network") == "mnist"),
-        default="paper",
-        help="recipe of the fits of (c) ((a) and (b) always use 'paper')",
-    )
-    parser.add_argument(
-        "--predict-rows",
-        type=int,
-        default=None,
-        help="tiled rows for (d) (default 100000 on cuda, 20000 on cpu)",
-    )
-    parser.add_argument(
-        "--eval-rows",
-        type=int,
-        default=None,
-        help="test images for the sanity-check test error of (a) and (b) "
-        "(default all 10000 on cuda, 2000 on cpu); (c) always uses all",
-    )
-    parser.add_argument(
-        "--json",
-        default=None,
-        help="where to write the results (default "
-        "benchmarks/results/speed_<device>.json, speed_<device>_<precision>.json "
-        "with --precision other than auto, _compile appended with --compile, "
-        "and _<recipe> with --accuracy-recipe other than paper unless "
-        "--skip-accuracy)",
-    )
-    return parser.parse_args(argv)
-
-
-# ---------------------------------------------------------------------- main
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda was asked for, but torch sees no GPU.")
+def measure(args, device):
+    """Parts (a)-(d); the results dict (without its meta)."""
     on_gpu = device.type == "cuda"
     n_steps = args.steps or (2000 if on_gpu else 200)
     n_warmup = args.warmup_steps or (50 if on_gpu else 3)
-    predict_rows = args.predict_rows or (100_000 if on_gpu else 20_000)
     eval_rows = args.eval_rows or (10_000 if on_gpu else 2_000)
-    data_home = args.data_home or default_data_home()
-    # One file per precision and recipe of (c) asked for, so that a bf16 run
-    # or one of another recipe keeps the default file.
-    suffix = "" if args.precision == "auto" else f"_{args.precision}"
-    if args.compile:
-        suffix += "_compile"
-    if args.accuracy_recipe != "paper" and not args.skip_accuracy:
-        suffix += f"_{args.accuracy_recipe}"
-    json_path = Path(
-        args.json
-        or REPO_ROOT / "benchmarks" / "results" / f"speed_{device.type}{suffix}.json"
-    )
-
-    x_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)
-    x_test, y_test = load_mnist("test", data_home=data_home, return_X_y=True)
-    y_semi = make_semi_supervised_labels(
-        y_train, LABELED_PER_CLASS, random_state=args.seed
-    )
+    predict_rows = args.predict_rows or (100_000 if on_gpu else 20_000)
+    home = h.mnist_home(args.data_home)
+    x_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
+    x_full, y_full = load_mnist("test", data_home=home, return_X_y=True)
+    x_test, y_test = x_full[:eval_rows], y_full[:eval_rows]
+    y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
     labeled_idx = np.flatnonzero(y_semi != -1)
-
-    meta = {
-        **environment(device),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "seed": args.seed,
-        "label_seed": args.seed,
-        "skassoc_random_state": args.seed,
-        "steps": n_steps,
-        "warmup_steps": n_warmup,
-        "precision": args.precision,
-        "compile": args.compile,
-        "eval_rows": eval_rows,
-        "predict_rows": predict_rows,
-        "data_home": str(Path(data_home).resolve()),
-    }
-    print(
-        f"device: {meta['device']} | torch {meta['torch']} | "
-        f"threads {meta['torch_threads']} | steps {n_steps} | "
-        f"warm-up {n_warmup} | skassoc precision {args.precision} | "
-        f"compile {args.compile}"
-    )
-    results = {"meta": meta}
+    settings = dict(seed=args.seed, steps=n_steps, warmup_steps=n_warmup)
+    settings.update(precision=args.precision, compile=args.compile)
+    settings.update(eval_rows=eval_rows, predict_rows=predict_rows)
 
     # (a) bare loop
     xt = torch.as_tensor(x_train, dtype=torch.float32, device=device).unsqueeze(1)
-    x_eval, y_eval = x_test[:eval_rows], y_test[:eval_rows]
-    xv = torch.as_tensor(x_eval, dtype=torch.float32, device=device).unsqueeze(1)
-    bare_flags = backend_flags()
+    xv = torch.as_tensor(x_test, dtype=torch.float32, device=device).unsqueeze(1)
     bare_train(xt, y_train, labeled_idx, n_warmup, args.seed, device)
-    model, bare_s, bare_losses_ = bare_train(
+    model, bare_s, losses = bare_train(
         xt, y_train, labeled_idx, n_steps, args.seed, device
     )
-    bare_err = bare_test_error(model, xv, y_eval)
+    bare_err = bare_test_error(model, xv, y_test)
     del model, xt, xv
-    if on_gpu:
-        torch.cuda.empty_cache()
 
-    # (b) skassoc
-    # Warm-up (CUDA context, cuDNN autotuning, compilation with --compile).
+    # (b) skassoc: a warm-up fit, a short fit (the fixed cost), the timed fit.
     _, first_s = skassoc_fit(x_train, y_semi, n_warmup, args, device)
     _, short_s = skassoc_fit(x_train, y_semi, n_warmup, args, device)
     clf, fit_s = skassoc_fit(x_train, y_semi, n_steps, args, device)
-    sk_err = classifier_test_error(clf, x_eval, y_eval)
-    # Compare the training loss over the same trailing window as skassoc's log.
-    window = clf.history_["step"][-1] - (
-        clf.history_["step"][-2] if len(clf.history_["step"]) > 1 else 0
-    )
-    bare_final = float(np.mean(bare_losses_[-window:]))
-    sk_final = float(clf.history_["total"][-1])
-    marginal = (
-        (n_steps - n_warmup) / (fit_s - short_s)
-        if n_steps > n_warmup and fit_s > short_s
-        else None
-    )
-    images_per_step = LABELED_PER_CLASS * 10 + UNLABELED_BATCH
-
+    steps = clf.history_["step"]
+    window = steps[-1] - (steps[-2] if len(steps) > 1 else 0)
+    marginal = None
+    if n_steps > n_warmup and fit_s > short_s:
+        marginal = (n_steps - n_warmup) / (fit_s - short_s)
     training = {
         "bare": {
-            "description": "eager loop, float32 tensors (no autocast, PyTorch "
-            "default backend flags), numpy indices on the host, loss.item() "
-            "every step; loop time only",
-            "backend_flags": bare_flags,
             "seconds": bare_s,
             "steps_per_s": n_steps / bare_s,
             "ms_per_step": 1000 * bare_s / n_steps,
-            "final_loss": bare_final,
+            # Over the same trailing window as skassoc's logged loss.
+            "final_loss": float(np.mean(losses[-window:])),
             "test_error_percent": bare_err,
         },
         "skassoc": {
-            "description": "wall time of fit(): validation, copy to the device, "
-            "CUDA-graph capture (on GPUs) and the N steps",
             "seconds": fit_s,
             "steps_per_s": n_steps / fit_s,
             "ms_per_step": 1000 * fit_s / n_steps,
@@ -464,175 +205,133 @@ def main(argv=None):
             "short_fit_steps": n_warmup,
             "short_fit_seconds": short_s,
             "marginal_steps_per_s": marginal,
-            "final_loss": sk_final,
+            "final_loss": float(clf.history_["total"][-1]),
             "loss_window_steps": window,
-            "test_error_percent": sk_err,
+            "test_error_percent": error(clf.predict(x_test), y_test),
         },
         "ratio_skassoc_over_bare": bare_s / fit_s,
-        "ratio_marginal_over_bare": (
-            marginal * bare_s / n_steps if marginal is not None else None
-        ),
-        "images_per_step": images_per_step,
+        "ratio_marginal_over_bare": marginal and marginal * bare_s / n_steps,
+        "images_per_step": 200,
     }
-    results["training"] = training
-    save(results, json_path)
-
-    def row(name, seconds, steps, loss=None, err=None):
-        return [
-            name,
-            fmt(steps / seconds),
-            fmt(1000 * seconds / steps),
-            fmt(steps * images_per_step / seconds),
-            fmt(seconds),
-            "" if loss is None else f"{loss:.3f}",
-            "" if err is None else f"{err:.2f}",
-        ]
-
-    rows = [
-        row(
-            "(a) bare PyTorch loop (eager, fp32)", bare_s, n_steps, bare_final, bare_err
-        ),
-        row("(b) skassoc fit(), whole call", fit_s, n_steps, sk_final, sk_err),
-        row(f"    skassoc fit() of {n_warmup} steps", short_s, n_warmup),
-    ]
-    if args.compile:
-        rows.append(row("    first fit (compiles), untimed above", first_s, n_warmup))
-    if marginal is not None:
-        rows.append(
-            row(
-                f"    skassoc marginal: fit({n_steps}) - fit({n_warmup})",
-                (n_steps - n_warmup) / marginal,
-                n_steps - n_warmup,
-            )
-        )
-    blank = [""] * 5
-    rows.append(["ratio (b)/(a), steps/s", f"{bare_s / fit_s:.2f}x", *blank])
-    if marginal is not None:
-        rows.append(
-            [
-                "ratio marginal/(a), steps/s",
-                f"{training['ratio_marginal_over_bare']:.2f}x",
-                *blank,
-            ]
-        )
-    print_table(
-        f"Training, {n_steps} timed steps after a {n_warmup}-step warm-up "
-        f"(skassoc precision={args.precision}, compile={args.compile}, "
-        f"{images_per_step} images/step)",
-        [
-            "",
-            "steps/s",
-            "ms/step",
-            "images/s",
-            "wall s",
-            "final loss",
-            f"err % ({eval_rows} test)",
-        ],
-        rows,
-    )
-    print(
-        "(a): the loop alone, loss.item() every step. (b): wall time of the "
-        "whole fit() call,\nincluding input validation, the copy to the device "
-        "and (on GPUs) its CUDA-graph capture.\nfinal loss: mean total loss of "
-        f"the last {window} steps. err: sanity check, not part of the timing."
-    )
 
     # (d) predict throughput
     clf.predict(x_test[:1000])  # warm-up
-    tiled = np.tile(x_test, (-(-predict_rows // len(x_test)), 1, 1))
-    tiled = tiled[:predict_rows]
+    tiled = np.tile(x_test, (-(-predict_rows // len(x_test)), 1, 1))[:predict_rows]
     predict = {"predict_batch_size": clf.predict_batch_size, "runs": {}}
-    for name, data in [("test_10k", x_test), (f"tiled_{len(tiled)}", tiled)]:
-        repeats = 3 if on_gpu else 1
+    for name, data in [(f"test_{eval_rows}", x_test), (f"tiled_{len(tiled)}", tiled)]:
         times = []
-        for _ in range(repeats):
-            synchronize(device)
+        for _ in range(3 if on_gpu else 1):
+            h.synchronize(device)
             start = time.perf_counter()
             clf.predict(data)
-            synchronize(device)
+            h.synchronize(device)
             times.append(time.perf_counter() - start)
         seconds = float(np.median(times))
         predict["runs"][name] = {
             "rows": len(data),
             "seconds": seconds,
             "images_per_s": len(data) / seconds,
-            "repeats": repeats,
+            "repeats": len(times),
         }
-    results["predict"] = predict
-    save(results, json_path)
-    print_table(
-        "predict() throughput (median of 3 on GPU, 1 on CPU; numpy uint8 in, "
-        "labels out)",
-        ["", "rows", "seconds", "images/s"],
-        [
-            [name, v["rows"], f"{v['seconds']:.3f}", f"{v['images_per_s']:.0f}"]
-            for name, v in predict["runs"].items()
-        ],
-    )
+    results = {"settings": settings, "training": training, "predict": predict}
+    if args.skip_accuracy:
+        return results
 
-    # (c) time to accuracy
-    if not args.skip_accuracy:
-        fits = []
-        for max_iter in [int(s) for s in args.accuracy_steps.split(",") if s]:
-            clf, seconds = skassoc_fit(
-                x_train,
-                y_semi,
-                max_iter,
-                args,
-                device,
-                recipe=args.accuracy_recipe,
-                lr_decay_steps=max(1, max_iter // 4),
-            )
-            err = classifier_test_error(clf, x_test, y_test)
-            fits.append(
-                {
-                    "max_iter": max_iter,
-                    "lr_decay_steps": max(1, max_iter // 4),
-                    "fit_seconds": seconds,
-                    "test_error_percent": err,
-                }
-            )
-            print(
-                f"  full schedule of {max_iter} steps: {seconds:.1f} s, "
-                f"test error {err:.2f}%",
-                flush=True,
-            )
-        reached = [f for f in fits if f["test_error_percent"] <= args.target_error]
-        best = min(reached, key=lambda f: f["fit_seconds"]) if reached else None
-        results["time_to_accuracy"] = {
-            "description": "complete fits (full lr schedule, lr_decay_steps = "
-            "max_iter // 4), fit wall time, evaluation excluded",
-            "recipe": args.accuracy_recipe,
-            "target_error_percent": args.target_error,
-            "fits": fits,
-            "seconds_to_target": best["fit_seconds"] if best else None,
-            "max_iter_to_target": best["max_iter"] if best else None,
-        }
-        print_table(
-            f"Time to <= {args.target_error}% test error, MNIST 100 labels "
-            f"(recipe {args.accuracy_recipe!r}, label seed {args.seed}); each row "
-            "a complete fit",
-            ["", "fit wall s", "test err %", f"<= {args.target_error}%"],
-            [
-                [
-                    f"full schedule of {f['max_iter']} steps",
-                    f"{f['fit_seconds']:.1f}",
-                    f"{f['test_error_percent']:.2f}",
-                    "yes" if f["test_error_percent"] <= args.target_error else "no",
-                ]
-                for f in fits
-            ],
+    # (c) complete fits
+    fits = []
+    for max_iter in (int(s) for s in args.accuracy_steps.split(",") if s):
+        decay = max(1, max_iter // 4)
+        clf, seconds = skassoc_fit(
+            x_train,
+            y_semi,
+            max_iter,
+            args,
+            device,
+            recipe=args.accuracy_recipe,
+            lr_decay_steps=decay,
         )
-        if best:
-            print(
-                f"time to <= {args.target_error}%: {best['fit_seconds']:.1f} s "
-                f"(full schedule of {best['max_iter']} steps)"
-            )
-        else:
-            print(f"no fit reached <= {args.target_error}% test error")
+        fits.append(
+            {
+                "max_iter": max_iter,
+                "lr_decay_steps": decay,
+                "fit_seconds": seconds,
+                "test_error_percent": error(clf.predict(x_full), y_full),
+            }
+        )
+    results["time_to_accuracy"] = {"recipe": args.accuracy_recipe, "fits": fits}
+    return results
 
-        save(results, json_path)
-    print(f"\nwrote {json_path}")
+
+RATIO = "ratio_skassoc_over_bare"
+
+
+def render(paths):
+    """One row per results file: skassoc against the bare loop of its run."""
+    header = ["Run", "Precision", "Compile", "skassoc ms/step", "steps/s"]
+    header += ["Bare loop ms/step", "vs bare loop", "Marginal ms/step"]
+    header += ["Predict images/s", "Complete fits (steps: fit s, error %)"]
+    header += ["Device", "torch", "Revision"]
+    cells = []
+    for path in paths:
+        results = h.load_json(path)
+        meta, training = results["meta"], results["training"]
+        sk, bare = training["skassoc"], training["bare"]
+        accuracy = results.get("time_to_accuracy", {})
+        fits = "; ".join(
+            f"{f['max_iter']}: {f['fit_seconds']:.1f}, {f['test_error_percent']:.2f}"
+            for f in accuracy.get("fits", [])
+        )
+        if fits and accuracy.get("recipe", "paper") != "paper":
+            fits = f'"{accuracy["recipe"]}" {fits}'
+        rate = max(r["images_per_s"] for r in results["predict"]["runs"].values())
+        marginal = sk.get("marginal_steps_per_s")
+        cells.append([Path(path).name, meta.get("precision", "auto")])
+        cells[-1] += [
+            "yes" if meta.get("compile") else "no",
+            f"{sk['ms_per_step']:.3g}",
+        ]
+        cells[-1] += [f"{sk['steps_per_s']:.3g}".replace("e+03", "000")]
+        cells[-1] += [f"{bare['ms_per_step']:.3g}", f"{training[RATIO]:.2f}x"]
+        cells[-1] += [f"{1000 / marginal:.3g}" if marginal else "n/a", f"{rate:.0f}"]
+        cells[-1] += [fits or "n/a", meta["device"], meta["torch"]]
+        cells[-1] += [(meta.get("git_revision") or "?")[:7]]
+    return h.rst_table(header, cells)
+
+
+def main(argv=None):
+    parser = h.make_parser(__doc__.split("\n\n")[0], "speed", cases=False)
+    add = parser.add_argument
+    add("--steps", type=int, help="timed steps of (a), (b) (2000 cuda, 200 cpu)")
+    add("--warmup-steps", type=int, help="warm-up steps (default 50 cuda, 3 cpu)")
+    add("--precision", choices=["auto", "fp32", "tf32", "bf16"], default="auto")
+    add("--compile", action="store_true", help="skassoc's compile=True")
+    add("--seed", type=int, default=0, help="labels and init seed")
+    add("--skip-accuracy", action="store_true", help="skip (c)")
+    add("--accuracy-steps", default="5000,10000,20000", help="max_iter of (c)")
+    mnist = sorted(n for n, p in RECIPES.items() if p.get("network") == "mnist")
+    add("--accuracy-recipe", choices=mnist, default="paper")
+    add("--predict-rows", type=int, help="tiled rows for (d)")
+    add("--eval-rows", type=int, help="test images of (a), (b), (d)")
+    args = h.parse(parser, argv)
+    # One file per precision, compilation and recipe of (c).
+    suffix = "" if args.precision == "auto" else f"_{args.precision}"
+    suffix += "_compile" if args.compile else ""
+    if args.accuracy_recipe != "paper" and not args.skip_accuracy:
+        suffix += f"_{args.accuracy_recipe}"
+    json_path = Path(args.json)
+    if suffix and not args.json_given:
+        json_path = json_path.with_name(f"{json_path.stem}{suffix}.json")
+    if not args.render_only:
+        device = h.resolve_device(args.device)
+        results = {"meta": h.environment(device), **measure(args, device)}
+        results["meta"].update(results.pop("settings"))
+        h.write_json(json_path, results)
+    stem = Path(args.json).stem
+    paths = sorted(Path(args.json).parent.glob(f"{stem}*.json"))
+    text = render(paths)
+    if args.table:
+        h.write_text(args.table, text + "\n")
+    print(f"{text}\n\nwrote {'' if args.render_only else json_path} {args.table}")
 
 
 if __name__ == "__main__":

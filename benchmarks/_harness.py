@@ -1,0 +1,651 @@
+"""The benchmarks' shared harness: cases as data, one runner, one parser.
+
+A benchmark is a list of :class:`Case` (a table row) and a function that fits
+one run. :func:`main` fits the runs of the picked cases that the JSON does not
+hold yet (resume), rewrites it after every run and renders it into the table
+the docs include; ``--render-only`` rebuilds that table from the JSON alone.
+The JSON holds ``meta``, ``rows`` (one per case, with the keys of its runs)
+and ``runs`` (keyed ``part/setting/labels/draw``, each with its provenance).
+"""
+
+import argparse
+import collections
+import copy
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+# Benchmark the checkout the harness belongs to, installed or not.
+sys.path.insert(0, str(REPO_ROOT))
+
+#: Confidence of the interval shown around each median.
+MEDIAN_CONFIDENCE = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One table row: ``draws`` runs keyed ``name/draw``. Run ``d`` draws its
+    labels with seed ``d`` and fits with ``random_state=d``; with ``label_draw``
+    set, run ``m`` takes that label draw and ``random_state=1000 m + label_draw``.
+    ``params``: the estimator's (or ``method``'s) parameters; ``options`` go
+    into the run's configuration as they are."""
+
+    part: str
+    setting: str
+    labels: str
+    params: dict
+    draws: int = 1
+    title: str = ""
+    paper: str = ""
+    method: str = "skassoc"
+    fit_on: str = "all"
+    label_draw: int | None = None
+    options: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def name(self):
+        return f"{self.part}/{self.setting}/{self.labels}"
+
+    def seeds(self, draw):
+        """(label seed, estimator seed) of run ``draw``."""
+        if self.label_draw is None:
+            return draw, draw
+        return self.label_draw, 1000 * draw + self.label_draw
+
+
+# ------------------------------------------------------------- provenance
+
+
+def device_description(device):
+    """The GPU's name, or the CPU model and its number of logical CPUs."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    names = [ln.split(":")[1].strip() for ln in lines if ln.startswith("model name")]
+    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} logical CPUs"
+
+
+def git_revision():
+    """The checked-out commit ("-dirty" if tracked files changed), or None."""
+
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "HEAD") + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def source_digest(root=REPO_ROOT):
+    """SHA-256 of the package's and the benchmarks' Python sources (a copy of
+    the tree run elsewhere may carry older git metadata than its files)."""
+    root = Path(root)
+    digest = hashlib.sha256()
+    files = sorted(
+        [*(root / "skassoc").rglob("*.py"), *(root / "benchmarks").glob("*.py")]
+    )
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def environment(device):
+    """Machine, library versions and revision: every result file's header."""
+    import sklearn
+    import torch
+
+    import skassoc
+
+    return {
+        "device": device_description(device),
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "sklearn": sklearn.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "skassoc": skassoc.__version__,
+        "git_revision": git_revision(),
+        "source_digest": source_digest(),
+        "torch_threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+
+
+def mnist_home(data_home=None):
+    """The MNIST folder: ``data_home``, $SKASSOC_MNIST_DIR or a shared/ copy;
+    None leaves it to :func:`skassoc.datasets.load_mnist`."""
+    for candidate in (
+        data_home,
+        os.environ.get("SKASSOC_MNIST_DIR"),
+        REPO_ROOT.parent / "shared" / "data" / "mnist",
+        REPO_ROOT / "shared" / "data" / "mnist",
+    ):
+        if candidate and Path(candidate).is_dir():
+            return str(candidate)
+    return data_home
+
+
+def resolve_device(name):
+    """The torch device of ``--device``; "auto" is a GPU when torch sees one."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise SystemExit(f"error: --device {name!r} is not a device ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {name} was asked for, but torch sees no GPU")
+    return device
+
+
+def synchronize(device):
+    """Wait for the GPU's queued work, so that a wall-clock time covers it."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+# ------------------------------------------------------------------ files
+
+
+def write_text(path, text):
+    """Write ``text`` atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path, data):
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def load_json(path):
+    return json.loads(Path(path).read_text())
+
+
+# ----------------------------------------------------------------- parser
+
+
+def make_parser(description, stem, cases=True):
+    """The options every benchmark shares (those picking, drawing, sharding and
+    merging cases with ``cases``); ``stem`` names the default files
+    ``benchmarks/results/<stem>_<device>.json`` and ``.rst``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.set_defaults(stem=stem)
+    add = parser.add_argument
+    add("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    add("--data-home", default=None, help="folder of the data set's files")
+    add("--json", help=f"results (default benchmarks/results/{stem}_<device>.json)")
+    add("--table", help="rendered table (default: the JSON's path with .rst)")
+    add("--render-only", action="store_true", help="rebuild the table from the JSON")
+    parser.set_defaults(draws=None, only=None, shard=None, max_iter=None, merge=None)
+    if cases:
+        add("--draws", type=int, help="label draws of each case (default: its own)")
+        add("--only", action="append", help="glob of part/setting/labels (repeat)")
+        add("--shard", help="I/N: train every N-th run from the I-th (one per GPU)")
+        add("--max-iter", type=int, help="training steps of every fit (quick runs)")
+        add("--merge", nargs="+", metavar="JSON", help="join these into --json")
+    return parser
+
+
+def parse(parser, argv=None):
+    """Parse and check the shared options; fill in the default file paths."""
+    args = parser.parse_args(argv)
+    for name in ("draws", "max_iter"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.shard_index, args.shard_count = 0, 1
+    if args.shard is not None:
+        try:
+            args.shard_index, args.shard_count = map(int, args.shard.split("/"))
+        except ValueError:
+            parser.error("--shard takes I/N, e.g. 0/4")
+        if not 0 <= args.shard_index < args.shard_count:
+            parser.error("--shard I/N needs 0 <= I < N")
+    args.json_given = args.json is not None
+    if args.json is None:
+        device = args.device.split(":")[0]
+        if device == "auto":
+            device = resolve_device("auto").type
+        shard = f".shard{args.shard}".replace("/", "of") if args.shard else ""
+        args.json = str(RESULTS_DIR / f"{args.stem}_{device}{shard}.json")
+    if args.table is None and not args.shard:
+        args.table = str(Path(args.json).with_suffix(".rst"))
+    return args
+
+
+# ------------------------------------------------------------------- runs
+
+
+def signature_of(config):
+    """Short hash of a run's configuration: equal hashes, identical runs."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def scaled_schedule(params, max_iter):
+    """``params`` trained for ``max_iter`` steps, the decay interval scaled alike."""
+    params = dict(params)
+    old, steps = params.get("max_iter", "auto"), params.get("lr_decay_steps", "auto")
+    if isinstance(old, int) and isinstance(steps, int):
+        params["lr_decay_steps"] = max(1, round(steps * max_iter / old))
+    params["max_iter"] = max_iter
+    return params
+
+
+def config_of(case, draw, args, device_type, common):
+    """What run ``draw`` of ``case`` is trained with (its signature's input)."""
+    label_seed, seed = case.seeds(draw)
+    params = dict(case.params)
+    if case.method == "skassoc":
+        if args.max_iter is not None:
+            params = scaled_schedule(params, args.max_iter)
+        params.update(device=device_type, random_state=seed)
+    return {
+        "method": case.method,
+        "params": params,
+        "labels": case.labels,
+        "label_seed": label_seed,
+        "fit_on": case.fit_on,
+        **case.options,
+        **common,
+    }
+
+
+def plan(cases, args, device_type, common):
+    """Table rows of the picked cases, and their runs grouped by signature."""
+    rows, jobs = [], {}
+    for case in cases:
+        if args.only and not any(fnmatch.fnmatchcase(case.name, p) for p in args.only):
+            continue
+        draws = args.draws or case.draws
+        keys = [f"{case.name}/{d}" for d in range(draws)]
+        configs = [config_of(case, d, args, device_type, common) for d in range(draws)]
+        signatures = [signature_of(c) for c in configs]
+        for key, config, signature in zip(keys, configs, signatures, strict=True):
+            job = jobs.setdefault(signature, {"config": config, "keys": []})
+            job["keys"].append(key)
+        row = dict(part=case.part, setting=case.setting, labels=case.labels)
+        row.update(title=case.title or case.setting, paper=case.paper, draws=draws)
+        rows.append({**row, "keys": keys, "signatures": signatures})
+    return rows, jobs
+
+
+def keep_better_run(current, candidate):
+    """Of two records of one run, a finished one, then the one started last."""
+    records = [r for r in (candidate, current) if r is not None]
+    return max(records, key=lambda r: (r.get("status") == "ok", r.get("started", "")))
+
+
+def merge_rows(rows, new_rows, prefer_new=False):
+    """Rows of both lists, one per (part, setting, labels): the new one with
+    ``prefer_new``, else the one with more draws."""
+    rows = list(rows)
+    seen = {(r["part"], r["setting"], r["labels"]): i for i, r in enumerate(rows)}
+    for row in new_rows:
+        ident = (row["part"], row["setting"], row["labels"])
+        if ident not in seen:
+            seen[ident] = len(rows)
+            rows.append(row)
+        elif prefer_new or row["draws"] > rows[seen[ident]]["draws"]:
+            rows[seen[ident]] = row
+    return rows
+
+
+def merge(paths):
+    """One results dict from several JSON files (e.g. shards)."""
+    runs, rows, metas = {}, [], []
+    for path in paths:
+        old = load_json(path)
+        metas.append(old.get("meta", {}))
+        for key, record in old.get("runs", {}).items():
+            runs[key] = keep_better_run(runs.get(key), record)
+        rows = merge_rows(rows, old.get("rows", []))
+    meta = {**(metas[0] if metas else {}), "merged_from": list(map(str, paths))}
+    return {"meta": {**meta, "shards": metas}, "rows": rows, "runs": runs}
+
+
+def main(cases, args, fit, render, load_data, common=None):
+    """Run the picked cases (resuming from ``args.json``), then render the table.
+
+    ``load_data(args)`` returns what ``fit(config, data, device)`` needs;
+    ``fit`` returns the run's measurements (at least ``test_error_percent``
+    and ``fit_seconds``); ``render(results)`` returns the table's text.
+    """
+    json_path = Path(args.json)
+    if args.merge:
+        results = merge(args.merge)
+    elif json_path.is_file():
+        results = load_json(json_path)
+    else:
+        results = {"meta": {}, "rows": [], "runs": {}}
+    if args.render_only:
+        if not json_path.is_file():
+            raise SystemExit(f"error: --render-only needs the results {json_path}")
+        return _save(results, args, render, write=False)
+    if args.merge:
+        return _save(results, args, render)
+
+    device = resolve_device(args.device)
+    common = dict(common or {})
+    rows, jobs = plan(cases, args, device.type, common)
+    jobs = list(jobs.items())[args.shard_index :: args.shard_count]
+    results["meta"].update(environment(device))
+    results["meta"]["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    results["rows"] = merge_rows(results["rows"], rows, prefer_new=True)
+    runs = results["runs"]
+    finished = {r.get("signature"): r for r in runs.values() if r.get("status") == "ok"}
+    data = None
+    for index, (signature, job) in enumerate(jobs, 1):
+        keys = job["keys"]
+        label = f"[{index}/{len(jobs)}] {keys[0]}"
+        source = finished.get(signature)
+        if source is None:
+            if data is None:
+                data = load_data(args)
+                results["meta"].update(getattr(data, "meta", {}))
+            print(f"{label}: training ...", flush=True)
+            source = _fit_run(signature, job["config"], fit, data, device, results)
+            if source["status"] == "ok":
+                finished[signature] = source
+                print(f"{label}: error {source['test_error_percent']:.2f}%", flush=True)
+        for key in keys:
+            old = runs.get(key, {})
+            if old.get("signature") == signature and old.get("status") == "ok":
+                continue
+            part, setting, labels, draw = key.rsplit("/", 3)
+            runs[key] = {
+                **copy.deepcopy(source),
+                **dict(key=key, part=part, setting=setting, labels=labels),
+                "draw": int(draw),
+                "shared_with": [k for k in keys if k != key],
+            }
+        write_json(json_path, results)
+    results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    return _save(results, args, render)
+
+
+def _fit_run(signature, config, fit, data, device, results):
+    record = {"signature": signature, "config": config}
+    record.update({k: results["meta"][k] for k in ("device", "git_revision")})
+    record["source_digest"] = results["meta"]["source_digest"]
+    record["started"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    start = time.perf_counter()
+    try:
+        record.update(fit(config, data, device))
+        record["status"] = "ok"
+    except Exception as exc:  # keep going: one failed run is one entry
+        traceback.print_exc()
+        record.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        print(f"{config}: FAILED ({record['error']})", flush=True)
+    record["seconds_total"] = time.perf_counter() - start
+    return record
+
+
+def _save(results, args, render, write=True):
+    if write:
+        write_json(args.json, results)
+    text = render(results)
+    if args.table:
+        write_text(args.table, text + "\n")
+    print(f"{text}\n\nwrote {args.json}" + (f", {args.table}" if args.table else ""))
+    return results
+
+
+# -------------------------------------------------------------- estimator
+
+
+def timed_fit(X, y, params, device, **fit_params):
+    """The estimator of ``params`` fitted, and the wall seconds of its fit."""
+    from skassoc import SemiSupervisedAssociationClassifier
+
+    clf = SemiSupervisedAssociationClassifier(**params)
+    synchronize(device)
+    start = time.perf_counter()
+    clf.fit(X, y, **fit_params)
+    synchronize(device)
+    return clf, time.perf_counter() - start
+
+
+def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
+    """Fit one SemiSupervisedAssociationClassifier and score its last step.
+
+    With ``validation`` the test error is also measured during the fit
+    (every ``validation_interval`` steps) and its lowest value recorded.
+    """
+    extra = {"X_val": X_test, "y_val": y_test} if validation else {}
+    clf, seconds = timed_fit(X, y, {**params, "device": str(device)}, device, **extra)
+    out = {"fit_seconds": seconds}
+    if validation:
+        steps = clf.history_["validation_step"]
+        # Rounded: 100 * (1 - accuracy) carries float noise (0.8399...).
+        errors = [round(100.0 * (1.0 - s), 6) for s in clf.history_["validation_score"]]
+        lowest = int(np.argmin(errors))
+        out.update(
+            test_error_steps=steps,
+            test_errors_percent=errors,
+            lowest_test_error_percent=errors[lowest],
+            lowest_test_error_step=steps[lowest],
+        )
+    start = time.perf_counter()
+    predicted = clf.predict(X_test)
+    out["eval_seconds"] = time.perf_counter() - start
+    out["n_iter"] = int(clf.n_iter_)
+    out["final_loss"] = float(clf.history_["total"][-1])
+    out["final_losses"] = {
+        name: float(clf.history_[name][-1])
+        for name in ("walker", "visit", "logit", "consistency")
+        if clf.history_.get(name)
+    }
+    return {**out, **scores(y_test, predicted)}
+
+
+def scores(y_true, y_pred):
+    """Test error (%), the three most frequent confusions ``[true, predicted,
+    count]`` and the test indices of the first of them."""
+    y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+    pairs, counts = np.unique(
+        np.stack([y_true, y_pred])[:, y_true != y_pred], axis=1, return_counts=True
+    )
+    order = np.argsort(-counts, kind="stable")[:3]
+    confused = [[int(pairs[0, i]), int(pairs[1, i]), int(counts[i])] for i in order]
+    indices = []
+    if confused:
+        true, predicted, _ = confused[0]
+        indices = np.flatnonzero((y_true == true) & (y_pred == predicted)).tolist()
+    return {
+        "n_eval": int(len(y_true)),
+        "test_error_percent": 100.0 * float(np.mean(y_pred != y_true)),
+        "most_confused": confused,
+        "most_confused_indices": indices,
+    }
+
+
+# ----------------------------------------------------------------- tables
+
+
+def rst_table(header, cells):
+    """A reStructuredText simple table, the first column left-aligned."""
+    widths = [max(len(str(r[i])) for r in [header, *cells]) for i in range(len(header))]
+    border = "  ".join("=" * w for w in widths)
+
+    def line(values):
+        return "  ".join(
+            str(v).ljust(w) if i == 0 else str(v).rjust(w)
+            for i, (v, w) in enumerate(zip(values, widths))
+        ).rstrip()
+
+    return "\n".join([border, line(header), border, *(line(c) for c in cells), border])
+
+
+def fmt(value, digits=2):
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def median_interval(values, confidence=MEDIAN_CONFIDENCE):
+    """Distribution-free confidence interval of the median of ``values``.
+
+    The order statistics x(k) and x(n + 1 - k), for the largest k with
+    P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2; None with too few values
+    (fewer than 6 at 95 %).
+    """
+    from scipy.stats import binom
+
+    values = np.sort(np.asarray(values, dtype=float))
+    n = len(values)
+    k = int(np.sum(binom.cdf(np.arange(n // 2), n, 0.5) <= (1 - confidence) / 2))
+    return None if k == 0 else (float(values[k - 1]), float(values[n - k]))
+
+
+def finished_runs(row, runs):
+    """The finished runs of a row trained with the row's own settings."""
+    expected = row.get("signatures") or [None] * len(row["keys"])
+    return [
+        runs[key]
+        for key, signature in zip(row["keys"], expected, strict=True)
+        if key in runs
+        and runs[key].get("status") == "ok"
+        and signature in (None, runs[key].get("signature"))
+    ]
+
+
+def median_cell(values):
+    return fmt(float(np.median(values)) if len(values) else None)
+
+
+def range_cell(values):
+    if len(values) > 1:
+        return f"{min(values):.2f}-{max(values):.2f}"
+    return fmt(values[0] if len(values) else None)
+
+
+def interval_cell(values):
+    interval = median_interval(values)
+    return "n/a" if interval is None else f"{interval[0]:.2f}-{interval[1]:.2f}"
+
+
+TABLE_HEADER = ["Setting", "Labels", "Runs", "Error % (median)"]
+TABLE_HEADER += [f"Median {MEDIAN_CONFIDENCE:.0%} CI", "Std", "Min-max", "Paper"]
+TABLE_HEADER += ["Fit s (median)"]
+
+
+def table_cells(rows, runs):
+    """The common columns of :data:`TABLE_HEADER`, one list per row."""
+    cells = []
+    for row in rows:
+        done = finished_runs(row, runs)
+        errors = [r["test_error_percent"] for r in done]
+        seconds = [r["fit_seconds"] for r in done]
+        n = len(done)
+        cells.append(
+            [
+                row["title"],
+                row["labels"],
+                str(n) if n == row["draws"] else f"{n}/{row['draws']}",
+                median_cell(errors),
+                interval_cell(errors),
+                fmt(float(np.std(errors, ddof=1)) if n > 1 else None),
+                range_cell(errors),
+                row["paper"] or "n/a",
+                fmt(float(np.median(seconds)), 1) if n else "n/a",
+            ]
+        )
+    return cells
+
+
+def _trained_runs(runs):
+    """One record per training: a run shown under several keys counts once."""
+    unique = {}
+    for key, run in runs.items():
+        if run.get("status", "ok") == "ok":
+            unique.setdefault(run.get("signature") or key, run)
+    return list(unique.values())
+
+
+def run_devices(runs, meta):
+    """The devices the finished runs trained on, with how many runs each."""
+    devices = [r.get("device") for r in _trained_runs(runs)]
+    counts = collections.Counter(d for d in devices if d)
+    if len(counts) <= 1:
+        return next(iter(counts), meta.get("device", "?"))
+    listed = sorted(counts.items(), key=lambda item: -item[1])
+    return "runs on " + ", ".join(f"{name} ({n})" for name, n in listed)
+
+
+def git_revisions(meta, runs=None):
+    """Every revision behind the results: the file's, its shards', the runs'."""
+    revisions = [meta.get("git_revision")]
+    for shard in meta.get("shards", []):
+        revisions += git_revisions(shard)
+    revisions += [run.get("git_revision") for run in _trained_runs(runs or {})]
+    return list(dict.fromkeys(r for r in revisions if r and r != "?")) or ["?"]
+
+
+def env_line(env):
+    """One line of provenance from an :func:`environment` record."""
+    return (
+        f"{env.get('device')} | torch {env.get('torch')} | CUDA {env.get('cuda')} | "
+        f"scikit-learn {env.get('sklearn')} | skassoc {env.get('skassoc')} "
+        f"({env.get('git_revision')}) | {env.get('date')}"
+    )
+
+
+def render_parts(results, title, notes, parts):
+    """The rendered tables: a title, the provenance line, notes, one table per
+    part (``parts``: ``(part, heading, note, header, cells(rows, runs))``) and
+    the per-run table; the headings are rubrics, so that the file can be
+    included in the middle of a section."""
+    runs, rows = results["runs"], results["rows"]
+    revisions = ", ".join(git_revisions(results["meta"], runs))
+    meta = {**results["meta"], "git_revision": revisions}
+    line = env_line({**meta, "device": run_devices(runs, results["meta"])})
+    out = [title, "=" * len(title), "", line, ""]
+    out += [f"- {note}" for note in notes] + [""]
+    for part, heading, note, header, cells in parts:
+        part_rows = [r for r in rows if r["part"] == part]
+        if part_rows:
+            table = rst_table(header, cells(part_rows, runs))
+            out += [f".. rubric:: {heading}", "", note, "", table, ""]
+    ok = sorted(
+        (r for r in runs.values() if r.get("status") == "ok"), key=lambda r: r["key"]
+    )
+    if ok:
+        header = ["Run (part/setting/labels/draw)", "Error %", "Fit s", "Steps"]
+        cells = [
+            [
+                r["key"],
+                f"{r['test_error_percent']:.2f}",
+                f"{r['fit_seconds']:.1f}",
+                str(r.get("n_iter", "")),
+            ]
+            for r in ok
+        ]
+        out += [".. rubric:: Per-run results", "", rst_table(header, cells), ""]
+    return "\n".join(out)
