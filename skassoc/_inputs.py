@@ -547,6 +547,8 @@ def classification_weights(class_weight, inputs):
     """
     labeled = inputs.encoded >= 0
     factors = np.ones(len(inputs.encoded))
+    if isinstance(class_weight, dict):
+        _check_class_weight_dict(class_weight, inputs.classes)
     if class_weight is not None:
         per_class = compute_class_weight(
             class_weight,
@@ -569,6 +571,22 @@ def classification_weights(class_weight, inputs):
     if np.all(factors[labeled] == factors[labeled][0]):
         return None
     return factors.astype(np.float32)
+
+
+def _check_class_weight_dict(class_weight, classes):
+    unknown = [key for key in class_weight if key not in set(classes.tolist())]
+    if unknown:
+        raise ValueError(
+            f"class_weight has weights for {unknown[:5]!r}, which are not "
+            f"classes of the labeled samples ({classes.tolist()[:10]!r}); use "
+            "the labels of y (and their type) as keys."
+        )
+    weights = np.asarray(list(class_weight.values()), dtype=float)
+    if not (np.isfinite(weights).all() and (weights >= 0).all()):
+        raise ValueError(
+            "class_weight values must be finite and non-negative; got "
+            f"{list(class_weight.values())[:5]!r}."
+        )
 
 
 def hold_out_validation(inputs, fraction, seed):
@@ -615,7 +633,8 @@ def hold_out_validation(inputs, fraction, seed):
         raise ValueError(
             f"early_stopping=True cannot hold out validation_fraction="
             f"{fraction} of the {len(labeled)} labeled samples, stratified by "
-            f"class ({len(inputs.classes)} classes): {exc} {advice}"
+            f"class ({len(inputs.classes)} classes): {str(exc).rstrip('.')}. "
+            f"{advice}"
         ) from exc
     left = np.bincount(inputs.encoded[train], minlength=len(inputs.classes))
     if left.min() < 1:
