@@ -217,7 +217,7 @@ SAFE_PARAMS = {
     "validation_interval": _int_in(1, MAX_STEPS),
     "unlabeled_pool": _one_of(*UNLABELED_POOLS),
     "early_stopping": _one_of(True, False),
-    "validation_fraction": _float_in(0, 1, low_open=True),
+    "validation_fraction": lambda v: _float_in(0, 1, low_open=True)(v) and v < 1,
     "n_iter_no_change": _int_in(1, MAX_STEPS),
     "tol": _float_in(0, MAX_WEIGHT),
     "class_weight": _class_weight,

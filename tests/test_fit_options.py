@@ -317,3 +317,75 @@ def test_weights_on_memory_mapped_inputs_match_arrays(
     np.testing.assert_allclose(
         in_memory.predict_proba(X), on_host.predict_proba(X), atol=1e-5
     )
+
+
+# ---------------------------------------------------------------- conventions
+
+
+def test_html_repr_links_to_skassoc_docs(fast_params):
+    clf = make_clf(fast_params)
+    url = (
+        "https://skassoc.readthedocs.io/en/latest/generated/"
+        "skassoc.SemiSupervisedAssociationClassifier.html"
+    )
+    assert clf._get_doc_link() == url
+    assert url in clf._repr_html_()
+
+
+@pytest.mark.parametrize("available", [True, False])
+def test_mps_device_resolution_without_the_hardware(monkeypatch, available):
+    from skassoc._device import resolve_device
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: available)
+    if available:
+        assert resolve_device("mps") == torch.device("mps")
+        # "auto" never picks MPS.
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert resolve_device("auto") == torch.device("cpu")
+    else:
+        with pytest.raises(ValueError, match="MPS backend is not available"):
+            resolve_device("mps")
+
+
+@pytest.mark.parametrize(
+    "class_weight", [None, "balanced", {0: 2.0, 1: 0.5}, {"a": 1.5}]
+)
+def test_new_parameters_survive_save_and_load(
+    fast_params, blobs_semi, tmp_path, class_weight
+):
+    X, y = blobs_semi
+    if isinstance(class_weight, dict) and "a" in class_weight:
+        y = np.where(y == -1, "-1", np.array(["a", "b", "c"])[np.maximum(y, 0)])
+    clf = make_clf(
+        fast_params,
+        unlabeled_pool="all",
+        early_stopping=True,
+        validation_fraction=0.3,
+        validation_interval=10,
+        n_iter_no_change=4,
+        tol=0.01,
+        class_weight=class_weight,
+    ).fit(X, y)
+    clf.save(tmp_path / "model.skassoc")
+    loaded = SemiSupervisedAssociationClassifier.load(
+        tmp_path / "model.skassoc", device="cpu"
+    )
+    assert loaded.get_params() == clf.get_params()
+    assert loaded.best_validation_score_ == clf.best_validation_score_
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+
+
+def test_model_file_bounds_of_the_new_parameters():
+    from skassoc._persistence import SAFE_PARAMS
+
+    check = SAFE_PARAMS["class_weight"]
+    assert check(None) and check("balanced") and check([[0, 1.0], ["a", 2.0]])
+    assert not check([[0, -1.0]]) and not check([[0, 1e9]]) and not check({"0": 1})
+    assert not check([[True, 1.0]]) and not check([[0, 1.0, 2.0]])
+    assert not check([[0, 1.0]] * (2**16 + 1))
+    assert SAFE_PARAMS["unlabeled_pool"]("all")
+    assert not SAFE_PARAMS["unlabeled_pool"]("labeled")
+    assert not SAFE_PARAMS["validation_fraction"](1.0)
+    assert not SAFE_PARAMS["validation_fraction"](0.0)
+    assert not SAFE_PARAMS["n_iter_no_change"](0)
+    assert not SAFE_PARAMS["tol"](float("inf"))
