@@ -21,6 +21,8 @@ from ._utils import is_integer, user_stacklevel
 
 __all__ = [
     "UNLABELED",
+    "HELD_OUT",
+    "check_not_bytes",
     "as_tensor",
     "split_sample_shape",
     "to_model_layout",
