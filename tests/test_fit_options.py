@@ -89,6 +89,17 @@ def test_re_encoded_labels_warn(fast_params, blobs_semi):
     assert len(clf.classes_) == 4
 
 
+def test_cross_val_predict_probabilities_warn(fast_params, blobs_semi):
+    """The issue's symptom: cross_val_predict re-encodes y for predict_proba."""
+    from sklearn.model_selection import cross_val_predict
+
+    X, y_semi = blobs_semi
+    clf = make_clf(fast_params, max_iter=2)
+    with pytest.warns(UserWarning, match=NO_MINUS_ONE):
+        proba = cross_val_predict(clf, X, y_semi, cv=2, method="predict_proba")
+    assert proba.shape[1] == 4  # a column for the unlabeled samples
+
+
 @pytest.mark.parametrize("as_object", [False, True])
 def test_bytes_labels_are_refused(fast_params, blobs_semi, as_object):
     X, y_semi = blobs_semi
@@ -183,6 +194,28 @@ def test_early_stopping_validates_on_x_val_when_given(fast_params, blobs, blobs_
     ).fit(X, y_semi, X_val=X_val, y_val=y_val)
     assert clf.score(X_val, y_val) == clf.best_validation_score_
     assert clf.history_["validation_step"][-1] == clf.n_iter_
+
+
+def test_early_stopping_in_a_pipeline_search(fast_params, blobs_semi):
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = blobs_semi
+    clf = make_clf(
+        fast_params, early_stopping=True, validation_fraction=0.3, max_iter=20
+    )
+    labeled = np.flatnonzero(y != -1)
+    unlabeled = np.flatnonzero(y == -1)
+    cv = [(np.r_[unlabeled, labeled[::2]], labeled[1::2])]
+    search = GridSearchCV(
+        make_pipeline(StandardScaler(), clf),
+        {"semisupervisedassociationclassifier__tol": [0.0, 0.5]},
+        cv=cv,
+    ).fit(X, y)
+    fitted = search.best_estimator_[-1]
+    assert fitted.best_validation_score_ is not None
+    assert fitted.validation_scores_ == fitted.history_["validation_score"]
 
 
 def test_without_early_stopping_the_model_is_the_last_steps(fast_params, blobs_semi):
