@@ -8,16 +8,22 @@ batch is drawn and gathered on the host, then copied into a fixed device
 buffer that the step reads. Only the rows of the batch are ever read.
 """
 
+import warnings
+
 import numpy as np
 import torch
 
-from ._inputs import UNLABELED, as_tensor
+from ._inputs import HELD_OUT, UNLABELED, as_tensor
 from ._sampling import AssociationBatchSampler
+from ._utils import user_stacklevel
 
-__all__ = ["DeviceBatches", "HostBatches", "make_batches"]
+__all__ = ["DeviceBatches", "HostBatches", "make_batches", "UNLABELED_POOLS"]
+
+#: Where the unlabeled batch is drawn from (the ``unlabeled_pool`` parameter).
+UNLABELED_POOLS = ("unlabeled", "all")
 
 
-def make_batches(inputs, settings):
+def make_batches(inputs, settings, loss_weights=None):
     """What draws and gathers each step's batch for ``inputs``.
 
     Inputs given as a memory map stay where they are and every batch is
@@ -30,34 +36,74 @@ def make_batches(inputs, settings):
         The validated training data.
     settings : FitSettings
         Device, batch sizes and how the unlabeled batch is drawn.
+    loss_weights : ndarray of shape (n_samples,), default=None
+        A factor on the classification loss of every sample (class and
+        sample weights); kept on the device and gathered there by the
+        labeled batch's indices.
 
     Returns
     -------
     batches : DeviceBatches or HostBatches
     """
     encoded = inputs.encoded
-    labeled = encoded != UNLABELED
     class_indices = [
         torch.as_tensor(np.flatnonzero(encoded == k))
         for k in range(len(inputs.classes))
     ]
-    # The paper's "all labels" setting: with nothing unlabeled, every sample
-    # also serves as unlabeled.
-    pool = np.flatnonzero(~labeled) if not labeled.all() else np.arange(len(encoded))
+    pool = unlabeled_pool(encoded, settings.unlabeled_pool)
     sampling = (
         class_indices,
         torch.as_tensor(pool),
         settings.labeled_per_class,
         settings.unlabeled_batch_size,
     )
+    weights = None
+    if loss_weights is not None:
+        weights = torch.as_tensor(loss_weights, dtype=torch.float32)
+        weights = weights.to(settings.device)
     if inputs.on_host:
         return HostBatches(
-            inputs.data, *sampling, settings.device, settings.unlabeled_sampling
+            inputs.data,
+            *sampling,
+            settings.device,
+            settings.unlabeled_sampling,
+            weights=weights,
         )
     sampler = AssociationBatchSampler(
         *sampling, settings.device, settings.unlabeled_sampling
     )
-    return DeviceBatches(as_tensor(inputs.data).to(settings.device), sampler)
+    data = as_tensor(inputs.data).to(settings.device)
+    return DeviceBatches(data, sampler, weights=weights)
+
+
+def unlabeled_pool(encoded, pool):
+    """Indices the unlabeled batch is drawn from; warns when ``-1`` is missing.
+
+    ``pool="unlabeled"`` draws from the ``-1`` samples; with none, every
+    sample also serves as unlabeled (the paper's "all labels" setting), with
+    a warning: a ``y`` without ``-1`` is what a meta-estimator that
+    re-encodes labels hands over. ``pool="all"`` draws from every sample.
+    Samples held out for validation are never drawn.
+    """
+    trained = np.flatnonzero(encoded != HELD_OUT)
+    if pool == "all":
+        return trained
+    unlabeled = np.flatnonzero(encoded == UNLABELED)
+    if len(unlabeled):
+        return unlabeled
+    warnings.warn(
+        "y holds no unlabeled samples (no label is -1): every sample is "
+        "trained as labeled, and the unlabeled batch is drawn from all of "
+        "them. If your y marks unlabeled samples with -1, a "
+        "meta-estimator (cross_val_predict, StackingClassifier, "
+        "VotingClassifier, CalibratedClassifierCV, ...) may have re-encoded "
+        "the labels so that -1 became a class of its own: see 'Meta-estimators "
+        "and -1' in the user guide. To train on fully labeled data on purpose "
+        "(the paper's 'all labels' setting), set unlabeled_pool='all'.",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return trained
 
 
 class DeviceBatches:
@@ -69,12 +115,16 @@ class DeviceBatches:
         Every training input, on the training device.
     sampler : AssociationBatchSampler
         Draws batch indices on the same device.
+    weights : torch.Tensor of shape (n_samples,), default=None
+        Factors on the classification loss of every sample, on the device.
     """
 
-    def __init__(self, data, sampler):
+    def __init__(self, data, sampler, weights=None):
         self.data = data
         self.sampler = sampler
         self.labels = sampler.labels
+        self.weights = weights
+        self._labeled = None
 
     def prefetch(self):
         """Deal the next unlabeled batch when it comes in shuffled epochs.
@@ -86,7 +136,21 @@ class DeviceBatches:
     def batch(self):
         """The labeled batch followed by the unlabeled batch, as float32."""
         labeled, unlabeled = self.sampler.sample()
+        self._labeled = labeled
         return self.data[torch.cat([labeled, unlabeled])].float()
+
+    def labeled_indices(self):
+        """Training indices of the labeled rows of the last :meth:`batch`."""
+        return self._labeled
+
+    def labeled_weights(self):
+        """Loss factors of the last batch's labeled rows (None: unweighted).
+
+        Gathered on the device: capturable, no host synchronisation.
+        """
+        if self.weights is None:
+            return None
+        return self.weights[self._labeled]
 
 
 class HostBatches:
@@ -103,6 +167,8 @@ class HostBatches:
         The training device, which holds only one batch.
     unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
         As for :class:`~skassoc._sampling.AssociationBatchSampler`.
+    weights : torch.Tensor of shape (n_samples,), default=None
+        Factors on the classification loss of every sample, on the device.
 
     Notes
     -----
@@ -125,6 +191,7 @@ class HostBatches:
         unlabeled_batch_size,
         device,
         unlabeled_sampling="replacement",
+        weights=None,
     ):
         self.sampler = AssociationBatchSampler(
             class_indices,
@@ -156,12 +223,23 @@ class HostBatches:
             else self._host_buffers[0]
         )
         self._turn = 0
+        self.weights = weights
+        # The labeled rows' training indices, for the step to gather weights.
+        self._labeled = torch.zeros(self.n_labeled, dtype=torch.long)
+        if weights is not None:
+            self._labeled = self._labeled.to(self.device)
 
     def prefetch(self):
         """Draw the next batch and start moving it to the device buffer."""
         self.sampler.advance()
         labeled, unlabeled = self.sampler.sample()
         indices = torch.cat([labeled, unlabeled.sort().values])
+        if self.weights is not None:
+            # A small copy from pageable memory, staged before it returns:
+            # the host need not wait for the device.
+            self._labeled.copy_(labeled, non_blocking=True)
+        else:
+            self._labeled = labeled
         turn = self._turn
         if self._copied[turn] is not None:
             # The copy out of this pinned buffer, two steps ago, must be done.
@@ -177,3 +255,16 @@ class HostBatches:
     def batch(self):
         """The batch of the last :meth:`prefetch`, on the device, as float32."""
         return self._device_buffer.float()
+
+    def labeled_indices(self):
+        """Training indices of the labeled rows of the last :meth:`prefetch`.
+
+        On the device when the batches carry weights, else on the host.
+        """
+        return self._labeled
+
+    def labeled_weights(self):
+        """Loss factors of the current batch's labeled rows (None: unweighted)."""
+        if self.weights is None:
+            return None
+        return self.weights[self._labeled]

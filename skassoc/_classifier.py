@@ -21,7 +21,7 @@ from sklearn.utils._param_validation import (
 )
 from sklearn.utils.validation import check_consistent_length, column_or_1d
 
-from ._batches import make_batches
+from ._batches import UNLABELED_POOLS, make_batches
 from ._device import (
     autocast_context,
     cuda_rng_lock,
@@ -33,6 +33,8 @@ from ._fitted import FittedState, get_fitted_state, is_fitted, set_fitted_state
 from ._inputs import (
     as_tensor,
     check_label_types,
+    classification_weights,
+    hold_out_validation,
     inputs_like_training,
     unfitted_copy,
     unlabeled_mask,
@@ -66,7 +68,8 @@ class SemiSupervisedAssociationClassifier(
     on the embedding is trained to classify the labeled samples.
 
     Samples whose label is ``-1`` are unlabeled. Without unlabeled samples,
-    every sample also serves as unlabeled (the paper's "all labels" setting).
+    every sample also serves as unlabeled (the paper's "all labels" setting;
+    ``unlabeled_pool="all"`` asks for it without a warning).
 
     Read more in the :ref:`User Guide <user_guide>`.
 
@@ -227,9 +230,52 @@ class SemiSupervisedAssociationClassifier(
         (``network``, ``embedding_dim``, ``hidden_layer_sizes``,
         ``image_size``, ``image_channels``) must be those of that fit.
     validation_interval : int, default=500
-        With ``X_val`` and ``y_val`` given to :meth:`fit`, their accuracy is
-        measured every ``validation_interval`` steps and after the last one
-        (see ``history_``). Unused otherwise.
+        With ``early_stopping=True`` or ``X_val`` and ``y_val`` given to
+        :meth:`fit`, the validation accuracy is measured every
+        ``validation_interval`` steps and after the last one (see
+        ``history_``). Unused otherwise.
+    unlabeled_pool : {"unlabeled", "all"}, default="unlabeled"
+        What the unlabeled batch of every step is drawn from.
+        ``"unlabeled"``: the samples labeled ``-1``; when ``y`` holds none,
+        all samples, with a warning (a meta-estimator that re-encodes
+        labels, such as :func:`~sklearn.model_selection.cross_val_predict`,
+        turns ``-1`` into a class of its own; see the user guide's
+        "Meta-estimators and -1"). ``"all"``: every sample, labeled ones
+        included, as the authors' code draws it (and the paper's "all
+        labels" setting, without a warning).
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the labeled samples (stratified,
+        drawn with ``random_state``; their labels are hidden from training
+        and they are not in the unlabeled pool either), score them every
+        ``validation_interval`` steps, stop after ``n_iter_no_change``
+        validations without an improvement of at least ``tol``, and keep
+        the best-scoring weights (the averaged ones with ``ema_decay``).
+        With ``X_val`` and ``y_val`` given to :meth:`fit`, they are the
+        validation set instead and no labeled sample is held out. Works in
+        pipelines and searches, where ``X_val`` does not (see :meth:`fit`).
+    validation_fraction : float, default=0.1
+        Share of the labeled samples held out with ``early_stopping=True``
+        (at least one per class; every class needs 2 labeled samples).
+        Unused otherwise.
+    n_iter_no_change : int, default=10
+        Validations without improvement before ``early_stopping`` stops
+        training (``n_iter_no_change * validation_interval`` steps).
+    tol : float, default=1e-4
+        Smallest gain in validation accuracy that counts as an improvement
+        for ``early_stopping``.
+    class_weight : dict, "balanced" or None, default=None
+        A factor on the classification loss of every labeled sample of a
+        class (``{label: weight}``; missing classes weigh 1).
+        ``"balanced"``: ``n_labeled / (n_classes * count(label))`` as
+        :func:`~sklearn.utils.class_weight.compute_class_weight` computes it
+        on the labeled training samples. The labeled batch already holds
+        ``labeled_per_class`` samples of every class, so rare classes are
+        seen as often as common ones whatever the weights; class weights
+        change how much each class's rows count in the classification loss
+        (``"balanced"`` thus favours rare classes beyond their balanced
+        share). The walker and visit losses are unweighted. Factors
+        (times ``sample_weight``) are rescaled to average 1 over the
+        labeled samples, so only their ratios matter.
 
     Attributes
     ----------
@@ -250,19 +296,29 @@ class SemiSupervisedAssociationClassifier(
         Width of the embedding (the number of output features of
         :meth:`transform`).
     n_iter_ : int
-        Training steps completed in the last ``fit``.
+        Training steps completed in the last ``fit`` (fewer than
+        ``max_iter`` when ``early_stopping`` stopped it).
+    validation_scores_ : list of float or None
+        Validation accuracy at every validation of the last ``fit``
+        (``history_["validation_score"]``); None when it measured none.
+    best_validation_score_ : float or None
+        The best of ``validation_scores_``: with ``early_stopping``, the
+        score of the fitted weights; None without validation.
     history_ : dict of lists
         Loss curves: ``"step"``, ``"learning_rate"``, ``"total"``,
         ``"walker"``, ``"visit"`` and ``"logit"`` (and ``"consistency"`` with
         ``consistency_weight > 0``), each entry the mean over the steps since
         the previous entry. ``"total"`` is the weighted sum of the losses;
         the L2 penalty is applied as Adam's weight decay (the same gradient)
-        and is not part of it. A fit given ``X_val`` and
-        ``y_val`` adds ``"validation_step"`` and ``"validation_score"``: the
-        accuracy on them of the model as it would be fitted at that step
-        (with ``ema_decay``, the averaged weights). The fitted model is always
-        the last step's; the scores only show the learning curve. A fit
-        interrupted with Ctrl-C keeps the scores measured until then.
+        and is not part of it. A fit given ``X_val`` and ``y_val``, or with
+        ``early_stopping``, adds ``"validation_step"`` and
+        ``"validation_score"``: the validation accuracy of the model as it
+        would be fitted at that step (with ``ema_decay``, the averaged
+        weights). Without
+        ``early_stopping`` the fitted model is the last step's and the
+        scores only show the learning curve; with it, the fitted model is
+        the best-scoring one. A fit interrupted with Ctrl-C keeps the
+        scores measured until then.
     device_ : torch.device
         Where the model lives.
 
@@ -336,7 +392,20 @@ class SemiSupervisedAssociationClassifier(
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
         "validation_interval": [Interval(Integral, 1, None, closed="left")],
+        "unlabeled_pool": [StrOptions(set(UNLABELED_POOLS))],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "class_weight": [None, StrOptions({"balanced"}), dict],
     }
+
+    # The HTML repr links to skassoc's API pages, not scikit-learn's.
+    _doc_link_module = "skassoc"
+    _doc_link_template = (
+        "https://skassoc.readthedocs.io/en/latest/generated/"
+        "skassoc.{estimator_name}.html"
+    )
 
     def __init__(
         self,
@@ -372,6 +441,12 @@ class SemiSupervisedAssociationClassifier(
         verbose=0,
         warm_start=False,
         validation_interval=500,
+        unlabeled_pool="unlabeled",
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=10,
+        tol=1e-4,
+        class_weight=None,
     ):
         self.network = network
         self.input_shape = input_shape
@@ -404,11 +479,17 @@ class SemiSupervisedAssociationClassifier(
         self.verbose = verbose
         self.warm_start = warm_start
         self.validation_interval = validation_interval
+        self.unlabeled_pool = unlabeled_pool
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.class_weight = class_weight
 
     # ------------------------------------------------------------------ fit
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, *, X_val=None, y_val=None):
+    def fit(self, X, y, *, X_val=None, y_val=None, sample_weight=None):
         """Train the network on labeled and unlabeled samples.
 
         The fitted attributes change only when training has succeeded: a
@@ -426,26 +507,47 @@ class SemiSupervisedAssociationClassifier(
             a few MiB at a time, for NaN and infinity); any other array is
             copied to the training device once.
         y : array-like of shape (n_samples,)
-            Labels; ``-1`` marks an unlabeled sample.
+            Labels; ``-1`` marks an unlabeled sample. A ``y`` without ``-1``
+            warns (unless ``unlabeled_pool="all"``): it is what a
+            meta-estimator that re-encodes labels passes on.
         X_val : array-like of shape (n_val_samples, ...), default=None
             Inputs whose accuracy is measured every ``validation_interval``
             steps, in the same form as ``X``. Training never sees them.
+            With ``early_stopping=True`` they are the validation set (no
+            labeled samples are then held out). In a
+            :class:`~sklearn.pipeline.Pipeline` they reach this estimator
+            untransformed: pass them transformed, or use
+            ``early_stopping=True`` without them. A search such as
+            :class:`~sklearn.model_selection.GridSearchCV` slices fit
+            parameters as long as ``X`` per fold (a warning says so).
         y_val : array-like of shape (n_val_samples,), default=None
             Their labels (no ``-1``); given exactly when ``X_val`` is.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples in the classification loss (non-negative;
+            those of unlabeled samples are ignored). They multiply
+            ``class_weight``; see there for the scaling. Uniform weights fit
+            exactly as no weights.
 
         Returns
         -------
         self : SemiSupervisedAssociationClassifier
             The fitted estimator.
         """
-        inputs = validate_training_inputs(self, X, y)
+        inputs = validate_training_inputs(self, X, y, sample_weight)
         validation = self._validation_set(X_val, y_val, inputs)
         previous = get_fitted_state(self) if self._continues() else None
-        settings = resolve_fit_settings(self, inputs, previous)
+        settings = resolve_fit_settings(
+            self, inputs, previous, has_validation_set=validation is not None
+        )
+        if settings.validation_fraction is not None:
+            inputs, validation = hold_out_validation(
+                inputs, settings.validation_fraction, settings.seed
+            )
+        loss_weights = classification_weights(self.class_weight, inputs)
         device = settings.device
         with seeded_rng(settings.seed, device), torch_threads(device):
             model = self._initial_model(inputs, settings, previous)
-            batches = make_batches(inputs, settings)
+            batches = make_batches(inputs, settings, loss_weights)
             evaluate = self._scorer_during_fit(model, validation, inputs, settings)
             with precision_context(device, settings.training.precision):
                 result = train(model, batches, settings.training, device, evaluate)
@@ -464,10 +566,14 @@ class SemiSupervisedAssociationClassifier(
             ),
         )
         if result.interrupted:
+            kept = (
+                f"the best-scoring weights (step {result.best_step})"
+                if result.best_step is not None
+                else "the weights of the last completed step"
+            )
             warnings.warn(
                 f"Training was interrupted after {result.n_iter} of "
-                f"{settings.training.max_iter} steps; the model keeps the "
-                "weights of the last completed step.",
+                f"{settings.training.max_iter} steps; the model keeps {kept}.",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
@@ -526,6 +632,16 @@ class SemiSupervisedAssociationClassifier(
             raise ValueError(
                 f"X_val does not fit the training inputs X: {exc}"
             ) from exc
+        if len(X_val) == len(inputs.encoded):
+            warnings.warn(
+                f"X_val has as many samples as X ({len(X_val)}). A search or "
+                "cross-validation (GridSearchCV, cross_validate, ...) slices "
+                "every fit parameter of that length per fold, X_val and y_val "
+                "included, so each fold would validate on a slice. If this "
+                "fit runs in one, use early_stopping=True without X_val.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
         y_val = column_or_1d(y_val, warn=True)
         # (validate_data has refused an empty X_val already.)
         check_consistent_length(X_val, y_val)
@@ -710,6 +826,18 @@ class SemiSupervisedAssociationClassifier(
     def embedding_dim_(self):
         """Width of the embedding (the number of output features of ``transform``)."""
         return get_fitted_state(self).model.logits.in_features
+
+    @property
+    def validation_scores_(self):
+        """Accuracy at every validation of the last fit, or None without any."""
+        scores = get_fitted_state(self).history.get("validation_score")
+        return None if scores is None else list(scores)
+
+    @property
+    def best_validation_score_(self):
+        """Best of :attr:`validation_scores_` (None without validation)."""
+        scores = self.validation_scores_
+        return max(scores) if scores else None
 
     @property
     def _n_features_out(self):

@@ -2,12 +2,15 @@
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from sklearn.model_selection import train_test_split
+from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
+    _check_sample_weight,
     check_array,
     check_consistent_length,
     column_or_1d,
@@ -18,6 +21,8 @@ from ._utils import is_integer, user_stacklevel
 
 __all__ = [
     "UNLABELED",
+    "HELD_OUT",
+    "check_not_bytes",
     "as_tensor",
     "split_sample_shape",
     "to_model_layout",
@@ -28,12 +33,17 @@ __all__ = [
     "validate_memory_map",
     "TrainingData",
     "validate_training_inputs",
+    "classification_weights",
+    "hold_out_validation",
     "inputs_like_training",
     "unfitted_copy",
 ]
 
 #: The label that marks an unlabeled sample (scikit-learn's convention).
 UNLABELED = -1
+#: The encoded label of a labeled sample held out of training for validation
+#: (``early_stopping``): neither labeled nor in the unlabeled pool.
+HELD_OUT = -2
 
 
 def split_sample_shape(X):
@@ -317,6 +327,22 @@ def unlabeled_mask(y):
     return np.asarray(unlabeled, dtype=bool)
 
 
+def check_not_bytes(y):
+    """Refuse bytes labels, whatever scikit-learn's version says of them.
+
+    scikit-learn 1.6 only deprecates them (and trains on them), later
+    versions refuse them; skassoc refuses them always.
+    """
+    kind = y.dtype.kind
+    if kind == "S" or (kind == "O" and any(isinstance(v, bytes) for v in y.flat)):
+        raise TypeError(
+            "y holds bytes labels (e.g. b'cat'), which skassoc does not "
+            "accept. Decode them to strings first, e.g. y.astype(str) or "
+            "np.char.decode(y) (the unlabeled marker then is the string "
+            "'-1'), or use integer labels."
+        )
+
+
 def encode_semi_supervised_labels(y):
     """Split ``y`` into labeled samples and classes, with ``-1`` as unlabeled.
 
@@ -334,6 +360,7 @@ def encode_semi_supervised_labels(y):
         Index into ``classes`` of every sample, ``-1`` for unlabeled ones.
     """
     y = np.asarray(y)
+    check_not_bytes(y)
     labeled = ~unlabeled_mask(y)
     if not labeled.any():
         raise ValueError(
@@ -435,6 +462,8 @@ class TrainingData:
         Column names of a DataFrame ``X`` (scikit-learn's rules), else None.
     on_host : bool
         Whether ``data`` is a memory map that batches are gathered from.
+    sample_weight : ndarray of shape (n_samples,) or None
+        ``fit``'s sample weights, validated (float64, non-negative).
     """
 
     data: object
@@ -444,6 +473,7 @@ class TrainingData:
     n_features: int
     feature_names: object = None
     on_host: bool = False
+    sample_weight: np.ndarray | None = None
 
     @property
     def images(self):
@@ -451,14 +481,14 @@ class TrainingData:
         return self.image_shape is not None
 
 
-def validate_training_inputs(estimator, X, y):
-    """Check ``fit``'s ``X`` and ``y``; the estimator itself is left untouched.
+def validate_training_inputs(estimator, X, y, sample_weight=None):
+    """Check ``fit``'s ``X``, ``y`` and ``sample_weight``; the estimator is untouched.
 
     Parameters
     ----------
     estimator : SemiSupervisedAssociationClassifier
         Gives ``input_shape`` and scikit-learn's input tags.
-    X, y
+    X, y, sample_weight
         As passed to ``fit``.
 
     Returns
@@ -485,6 +515,10 @@ def validate_training_inputs(estimator, X, y):
         data = X if image_shape is None else X.reshape(len(X), *image_shape)
     else:
         data = to_model_layout(rows, image_shape)
+    if sample_weight is not None:
+        sample_weight = _check_sample_weight(
+            sample_weight, data, dtype=np.float64, ensure_non_negative=True
+        )
     return TrainingData(
         data=data,
         encoded=encoded,
@@ -493,7 +527,132 @@ def validate_training_inputs(estimator, X, y):
         n_features=n_features,
         feature_names=getattr(probe, "feature_names_in_", None),
         on_host=on_host,
+        sample_weight=sample_weight,
     )
+
+
+def classification_weights(class_weight, inputs):
+    """Factors on the classification loss of every sample, or None if all equal.
+
+    The class weight of its class (``"balanced"``: scikit-learn's
+    :func:`~sklearn.utils.class_weight.compute_class_weight` on the labeled
+    training samples) times its sample weight, rescaled to average 1 over
+    the labeled training samples, so that the classification loss keeps its
+    scale next to the walker and visit losses. Unlabeled and held-out
+    samples get 0: their weights are never used.
+
+    Raises
+    ------
+    ValueError
+        If the labeled samples' weights are all zero, or ``class_weight``
+        names labels that are not classes.
+    """
+    labeled = inputs.encoded >= 0
+    factors = np.ones(len(inputs.encoded))
+    if isinstance(class_weight, dict):
+        _check_class_weight_dict(class_weight, inputs.classes)
+    if class_weight is not None:
+        per_class = compute_class_weight(
+            class_weight,
+            classes=inputs.classes,
+            y=inputs.classes[inputs.encoded[labeled]],
+        )
+        factors[labeled] = per_class[inputs.encoded[labeled]]
+    if inputs.sample_weight is not None:
+        factors = factors * inputs.sample_weight
+    mean = factors[labeled].mean()
+    if not mean > 0:
+        raise ValueError(
+            "The class and sample weights of every labeled sample are 0: the "
+            "classification loss would have nothing to learn from. Give some "
+            "labeled samples a positive weight (weights of unlabeled samples "
+            "are not used)."
+        )
+    factors[labeled] /= mean
+    factors[~labeled] = 0.0
+    if np.all(factors[labeled] == factors[labeled][0]):
+        return None
+    return factors.astype(np.float32)
+
+
+def _check_class_weight_dict(class_weight, classes):
+    unknown = [key for key in class_weight if key not in set(classes.tolist())]
+    if unknown:
+        raise ValueError(
+            f"class_weight has weights for {unknown[:5]!r}, which are not "
+            f"classes of the labeled samples ({classes.tolist()[:10]!r}); use "
+            "the labels of y (and their type) as keys."
+        )
+    weights = np.asarray(list(class_weight.values()), dtype=float)
+    if not (np.isfinite(weights).all() and (weights >= 0).all()):
+        raise ValueError(
+            "class_weight values must be finite and non-negative; got "
+            f"{list(class_weight.values())[:5]!r}."
+        )
+
+
+def hold_out_validation(inputs, fraction, seed):
+    """Split labeled samples off ``inputs`` for validation (``early_stopping``).
+
+    A stratified ``fraction`` of the labeled samples is held out: their
+    encoded label becomes :data:`HELD_OUT`, so they are neither in the
+    labeled batches nor in the unlabeled pool.
+
+    Returns
+    -------
+    inputs : TrainingData
+        The training data without the held-out samples (the same array).
+    validation : tuple of (ndarray, ndarray)
+        The held-out inputs in the model's layout and their labels.
+
+    Raises
+    ------
+    ValueError
+        If the labeled samples are too few to split by class.
+    """
+    labeled = np.flatnonzero(inputs.encoded >= 0)
+    counts = np.bincount(inputs.encoded[labeled], minlength=len(inputs.classes))
+    advice = (
+        "Label more samples, change validation_fraction, or pass X_val and "
+        "y_val to fit instead."
+    )
+    if counts.min() < 2:
+        smallest = inputs.classes[np.argmin(counts)]
+        raise ValueError(
+            f"early_stopping=True holds out validation_fraction={fraction} of "
+            "the labeled samples, stratified by class, which needs at least 2 "
+            f"labeled samples of every class; class {smallest!r} has "
+            f"{counts.min()}. {advice}"
+        )
+    try:
+        train, held_out = train_test_split(
+            labeled,
+            test_size=fraction,
+            random_state=seed,
+            stratify=inputs.encoded[labeled],
+        )
+    except ValueError as exc:
+        raise ValueError(
+            f"early_stopping=True cannot hold out validation_fraction="
+            f"{fraction} of the {len(labeled)} labeled samples, stratified by "
+            f"class ({len(inputs.classes)} classes): {str(exc).rstrip('.')}. "
+            f"{advice}"
+        ) from exc
+    left = np.bincount(inputs.encoded[train], minlength=len(inputs.classes))
+    if left.min() < 1:
+        raise ValueError(
+            f"early_stopping=True with validation_fraction={fraction} leaves "
+            f"class {inputs.classes[np.argmin(left)]!r} without labeled "
+            f"training samples. {advice}"
+        )
+    held_out = np.sort(held_out)
+    encoded = inputs.encoded.copy()
+    encoded[held_out] = HELD_OUT
+    validation = (
+        np.asarray(inputs.data[held_out]),
+        inputs.classes[inputs.encoded[held_out]],
+    )
+    return replace(inputs, encoded=encoded), validation
 
 
 def inputs_like_training(probe, X, image_shape):

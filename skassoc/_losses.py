@@ -258,7 +258,7 @@ def _cross_entropy(target, probabilities):
     return -(target * torch.log(LOG_EPSILON + probabilities)).sum(dim=1).mean()
 
 
-def classification_loss(logits, labels):
+def classification_loss(logits, labels, weights=None):
     """Softmax cross-entropy of the labeled samples' logits.
 
     Parameters
@@ -267,6 +267,9 @@ def classification_loss(logits, labels):
         Output of the linear layer on top of the embedding.
     labels : torch.Tensor of shape (n_labeled,)
         Integer class of every labeled sample.
+    weights : torch.Tensor of shape (n_labeled,), default=None
+        A factor on every sample's cross-entropy (class and sample weights);
+        the loss is then the mean of the weighted terms.
 
     Returns
     -------
@@ -281,7 +284,10 @@ def classification_loss(logits, labels):
     >>> round(float(classification_loss(logits, torch.tensor([0, 1]))), 4)
     0.0181
     """
-    return F.cross_entropy(logits.float(), labels)
+    if weights is None:
+        return F.cross_entropy(logits.float(), labels)
+    terms = F.cross_entropy(logits.float(), labels, reduction="none")
+    return (terms * weights).mean()
 
 
 def l2_penalty(weights, scales):

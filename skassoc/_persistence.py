@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from ._augmentation import PAPER_AUGMENTATION
+from ._batches import UNLABELED_POOLS
 from ._device import resolve_device
 from ._fitted import FittedState, get_fitted_state
 from ._model import ModelSpec, build_model, placed, spec_of_model
@@ -160,6 +161,30 @@ def _augmentation(value):
     )
 
 
+def _class_weight(value):
+    """None, "balanced", or a dict stored as ``[[label, weight], ...]``."""
+    if value is None or value == "balanced":
+        return True
+
+    def is_label(key):
+        if isinstance(key, str):
+            return len(key) <= MAX_LABEL_CHARS
+        return is_integer(key) or _float_in(-MAX_STEPS, MAX_STEPS)(key)
+
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_WIDTH
+        and all(
+            isinstance(pair, list)
+            and len(pair) == 2
+            and not isinstance(pair[0], bool)
+            and is_label(pair[0])
+            and _float_in(0, MAX_WEIGHT)(pair[1])
+            for pair in value
+        )
+    )
+
+
 #: The hyperparameters a file may set, each with the values it may take.
 SAFE_PARAMS = {
     "network": _one_of("auto", *NETWORKS),
@@ -191,6 +216,12 @@ SAFE_PARAMS = {
     "verbose": _int_in(0, 100, True, False),
     "warm_start": _one_of(True, False),
     "validation_interval": _int_in(1, MAX_STEPS),
+    "unlabeled_pool": _one_of(*UNLABELED_POOLS),
+    "early_stopping": _one_of(True, False),
+    "validation_fraction": lambda v: _float_in(0, 1, low_open=True)(v) and v < 1,
+    "n_iter_no_change": _int_in(1, MAX_STEPS),
+    "tol": _float_in(0, MAX_WEIGHT),
+    "class_weight": _class_weight,
 }
 # Parameters stored as JSON lists that the estimator takes as tuples.
 _TUPLE_PARAMS = ("input_shape", "image_size", "hidden_layer_sizes")
@@ -292,6 +323,9 @@ def _encode_params(params):
     for name, value in params.items():
         if name in NEVER_FROM_FILE:
             continue
+        if name == "class_weight" and isinstance(value, dict):
+            # JSON keys are strings; the labels keep their type as pairs.
+            value = [[key, weight] for key, weight in value.items()]
         try:
             encoded[name] = _to_json(value)
         except TypeError:
@@ -590,6 +624,8 @@ def _decode_params(params):
                 f"parameter {name} = {str(value)[:60]} is outside the values a "
                 "model file may set."
             )
+        if name == "class_weight" and isinstance(value, list):
+            value = {key: weight for key, weight in value}
         decoded[name] = (
             tuple(value) if name in _TUPLE_PARAMS and isinstance(value, list) else value
         )

@@ -55,6 +55,12 @@ class FitSettings:
     unlabeled_sampling : str
     training : TrainingConfig
         The training loop's hyperparameters.
+    unlabeled_pool : str
+        What the unlabeled batch is drawn from (see ``_batches``).
+    validation_fraction : float or None
+        Share of the labeled samples held out for early stopping; None when
+        the fit holds none out (no early stopping, or ``X_val`` given).
+        The training loop's hyperparameters.
     """
 
     device: torch.device
@@ -65,9 +71,11 @@ class FitSettings:
     unlabeled_batch_size: int
     unlabeled_sampling: str
     training: TrainingConfig
+    unlabeled_pool: str = "unlabeled"
+    validation_fraction: float | None = None
 
 
-def resolve_fit_settings(estimator, inputs, previous=None):
+def resolve_fit_settings(estimator, inputs, previous=None, has_validation_set=False):
     """The settings of fitting ``estimator`` on ``inputs``.
 
     Parameters
@@ -78,6 +86,9 @@ def resolve_fit_settings(estimator, inputs, previous=None):
         The validated training data.
     previous : FittedState, default=None
         The fit to continue from with ``warm_start=True``.
+    has_validation_set : bool, default=False
+        Whether ``fit`` was given ``X_val`` and ``y_val`` (early stopping
+        then validates on them instead of holding out labeled samples).
 
     Raises
     ------
@@ -117,7 +128,11 @@ def resolve_fit_settings(estimator, inputs, previous=None):
         ema_decay=estimator.ema_decay,
         validation_interval=estimator.validation_interval,
         compile=_compile_options(estimator.compile, estimator.cuda_graph, device),
+        early_stopping=bool(estimator.early_stopping),
+        n_iter_no_change=estimator.n_iter_no_change,
+        tol=float(estimator.tol),
     )
+    hold_out = estimator.early_stopping and not has_validation_set
     return FitSettings(
         device=device,
         seed=int(seed),
@@ -127,6 +142,10 @@ def resolve_fit_settings(estimator, inputs, previous=None):
         unlabeled_batch_size=estimator.unlabeled_batch_size,
         unlabeled_sampling=estimator.unlabeled_sampling,
         training=training,
+        unlabeled_pool=estimator.unlabeled_pool,
+        validation_fraction=(
+            float(estimator.validation_fraction) if hold_out else None
+        ),
     )
 
 

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
 from ._augmentation import ImageAugmentation
+from ._best_weights import BestWeights
 from ._device import autocast_context, borrowed_streams, cuda_rng_lock, own_stream
 from ._ema import WeightAverage
 from ._losses import (
@@ -74,6 +75,11 @@ class TrainingConfig:
     embedding_chunk_size: int | None = 4096
     validation_interval: int | None = None
     compile: dict | None = None
+    # With a validation scorer: stop after n_iter_no_change validations
+    # without a gain of tol, and keep the best-scoring weights.
+    early_stopping: bool = False
+    n_iter_no_change: int = 10
+    tol: float = 1e-4
 
 
 @dataclass
@@ -83,6 +89,7 @@ class TrainingResult:
     n_iter: int
     history: dict = field(default_factory=dict)
     interrupted: bool = False
+    best_step: int | None = None
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -246,7 +253,7 @@ class _AssociationStep:
         )
         walker = walker_loss(p_aba, labels)
         visit = visit_loss(p_ab)
-        logit = classification_loss(logits, labels)
+        logit = classification_loss(logits, labels, self.batches.labeled_weights())
         association = config.walker_weight * walker + config.visit_weight * visit
         losses = [walker, visit, logit]
         if self.with_consistency:
@@ -356,7 +363,10 @@ def train(model, batches, config, device, evaluate=None):
         and after the last step, with the model in eval mode and holding the
         weights it would be fitted with at that step; returns a score that
         goes to the history as ``"validation_score"`` (the steps as
-        ``"validation_step"``). It must not change the model.
+        ``"validation_step"``). It must not change the model. With
+        ``config.early_stopping``, training stops after
+        ``config.n_iter_no_change`` scores without a gain of ``config.tol``
+        and the model ends with the best-scoring weights.
 
     Returns
     -------
@@ -433,6 +443,11 @@ class _TrainingLog:
         if evaluate is not None:
             self.history["validation_step"] = []
             self.history["validation_score"] = []
+        self.best = (
+            BestWeights(step.model, config.n_iter_no_change, config.tol)
+            if evaluate is not None and config.early_stopping
+            else None
+        )
         self.logged_until = 0
         self.started = time.perf_counter()
         # The bar stays on screen when training ends: it is the record of
@@ -445,14 +460,19 @@ class _TrainingLog:
         """Record what is due after step ``completed`` (1-based).
 
         Called before ``scheduler`` steps, so it holds that step's rate.
+        Returns whether early stopping ends training after this step.
         """
         last = completed == self.config.max_iter
         if completed % self.config.log_interval == 0 or last:
             self.read_losses(completed, _learning_rate(scheduler))
+        stop = False
         if self.evaluate is not None and (
             completed % self.config.validation_interval == 0 or last
         ):
-            self.validate(completed)
+            stop = self.validate(completed)
+        if stop:
+            self.read_losses(completed, _learning_rate(scheduler))
+        return stop
 
     def read_losses(self, completed, learning_rate):
         """Move the loss sums since the last read into the history."""
@@ -480,17 +500,25 @@ class _TrainingLog:
         self._show()
 
     def validate(self, completed):
-        """Score the weights the model would be fitted with after ``completed``."""
+        """Score the weights the model would be fitted with after ``completed``.
+
+        With early stopping, keeps a copy of them if they score best, and
+        returns whether training should stop.
+        """
         model = self.step.model
+        stop = False
         with self.step.fitted_weights():
             model.eval()
             try:
-                score = self.evaluate()
+                score = float(self.evaluate())
+                if self.best is not None:
+                    stop = self.best.update(score, completed)
             finally:
                 model.train()
         self.history["validation_step"].append(completed)
-        self.history["validation_score"].append(float(score))
+        self.history["validation_score"].append(score)
         self._show()
+        return stop
 
     def _show(self):
         if not self.config.verbose:
@@ -529,10 +557,12 @@ def _train(model, batches, config, device, streams, evaluate):
         while completed < config.max_iter:
             run_step()
             completed += 1
-            log.after_step(completed, scheduler)
+            stop = log.after_step(completed, scheduler)
             scheduler.step()
             if use_graph:
                 _keep_lr_tensor(optimizer, lr_tensors)
+            if stop:
+                break
     except KeyboardInterrupt:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -545,11 +575,19 @@ def _train(model, batches, config, device, streams, evaluate):
     finally:
         log.close()
     step.use_average_weights()
+    best_step = None
+    if log.best is not None:
+        # The best-scoring weights (the averaged ones with ema_decay).
+        log.best.restore()
+        best_step = log.best.best_step
     # The last step's gradients are of no use to the fitted model.
     optimizer.zero_grad(set_to_none=True)
     model.eval()
     return TrainingResult(
-        n_iter=completed, history=log.history, interrupted=interrupted
+        n_iter=completed,
+        history=log.history,
+        interrupted=interrupted,
+        best_step=best_step,
     )
 
 

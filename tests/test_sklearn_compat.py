@@ -23,6 +23,11 @@ EXPECTED_FAILED_CHECKS = {
         "the check trains on labels {-1, 1}; -1 marks unlabeled samples "
         "(scikit-learn's semi-supervised convention), leaving one class"
     ),
+    "check_sample_weight_equivalence_on_dense_data": (
+        "sample weights scale the classification loss only: a sample of weight "
+        "0 still takes part in the labeled batches and the association losses, "
+        "and removing or repeating samples changes every batch draw"
+    ),
 }
 
 
