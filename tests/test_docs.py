@@ -1,5 +1,7 @@
 """The Python code of the narrative docs runs as written.
 
+Pages: getting started, the user guide and the FAQ.
+
 Every ``.. code-block:: python`` (or ``.. code:: python``) block of the pages
 in ``PAGES`` is extracted and run, page by page, in order and in one
 namespace per page, as a reader pasting the blocks into one session would.
@@ -27,7 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = ["getting_started.rst", "user_guide.rst"]
+PAGES = ["getting_started.rst", "user_guide.rst", "faq.rst"]
 
 # Sections (by their label) whose blocks are not run, with the reason. Keep
 # this empty where a marker on the block can say the same.
@@ -177,6 +179,20 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
         torch.set_num_threads(threads)
     for reason in skipped:
         print("skipped", reason)
+
+
+def test_parameters_page_names_every_parameter():
+    """docs/parameters.rst lists every constructor parameter, no stale one."""
+    import inspect
+
+    from skassoc import SemiSupervisedAssociationClassifier
+
+    text = (DOCS / "parameters.rst").read_text(encoding="utf-8")
+    rows = re.findall(r"^   \* - ((?:``\w+``(?:, )?)+)\s*$", text, flags=re.M)
+    listed = {name for row in rows for name in re.findall(r"``(\w+)``", row)}
+    expected = set(inspect.signature(SemiSupervisedAssociationClassifier).parameters)
+    assert sorted(expected - listed) == [], "parameters missing from the table"
+    assert sorted(listed - expected) == [], "the table names unknown parameters"
 
 
 def test_extract_blocks_reads_markers_and_sections():
