@@ -28,6 +28,11 @@ ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
 
 import skassoc  # noqa: E402
+import torch  # noqa: E402
+
+# The examples train small networks on the CPU, for which one thread is as
+# fast as several, and much faster on a machine shared with other jobs.
+torch.set_num_threads(1)
 
 # -- Project -----------------------------------------------------------------
 
