@@ -41,12 +41,17 @@ setup(
             "dask[distributed]>=2023.1",
         ],
         "examples": ["matplotlib>=3.6", "pillow>=9"],
+        # The docs build offline (MathJax and the intersphinx inventories
+        # ship in docs/); it runs the gallery and tests/test_docs.py runs
+        # the pages' code, hence matplotlib, Pillow and pandas.
         "docs": [
             "sphinx>=7",
             "numpydoc>=1.6",
             "sphinx-gallery>=0.15",
             "matplotlib>=3.6",
+            "pillow>=9",
             "pandas>=1.5",
+            "pytest>=7",
         ],
     },
     classifiers=[
