@@ -62,7 +62,7 @@ for name in ("total", "walker", "visit", "logit"):
     ax_loss.plot(history["step"], history[name], label=name)
 ax_loss.set_yscale("log")
 ax_loss.set_ylabel("loss")
-ax_loss.legend(title="history_ key", ncols=2)
+ax_loss.legend(title="history_ key", ncols=2, loc="center right")
 ax_loss.set_title("Digits, 5 labels per class")
 
 ax_score.plot(history["validation_step"], history["validation_score"], marker="o")
