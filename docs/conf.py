@@ -163,6 +163,9 @@ sphinx_gallery_conf = {
     "abort_on_example_error": False,
     "only_warn_on_example_error": False,
     "show_memory": False,
+    # The execution-time pages load a table script from a CDN; the docs
+    # stay offline without them.
+    "write_computation_times": False,
     "image_scrapers": ("matplotlib",),
     "matplotlib_animations": False,
     # Show what the examples print, never the repr of a cell's last value
