@@ -27,8 +27,9 @@ ROOT = DOCS.parent
 # Document the source tree next to this folder, installed or not.
 sys.path.insert(0, str(ROOT))
 
-import skassoc  # noqa: E402
 import torch  # noqa: E402
+
+import skassoc  # noqa: E402
 
 # The examples train small networks on the CPU, for which one thread is as
 # fast as several, and much faster on a machine shared with other jobs.
