@@ -48,12 +48,17 @@ setup(
         "examples": ["matplotlib>=3.6", "pillow>=9"],
         # skassoc.export.export_onnx; torch >= 2.5 exports through onnxscript.
         "onnx": ["onnx", "onnxscript"],
+        # The docs build offline (MathJax and the intersphinx inventories
+        # ship in docs/); it runs the gallery and tests/test_docs.py runs
+        # the pages' code, hence matplotlib, Pillow and pandas.
         "docs": [
             "sphinx>=7",
             "numpydoc>=1.6",
             "sphinx-gallery>=0.15",
             "matplotlib>=3.6",
+            "pillow>=9",
             "pandas>=1.5",
+            "pytest>=7",
         ],
     },
     classifiers=[

@@ -100,7 +100,8 @@ print(f"Logistic regression on the embedding: {pipeline.score(X_test, y_test):.3
 # For a few test digits, the closest training digits by cosine similarity of
 # the trained embedding, framed green when they show the same digit and red
 # otherwise. The last two queries are digits that the classifier gets
-# wrong. Their neighbours can still be mostly of the right digit: a sample
+# wrong, framed thick red with the predicted digit under them. Their
+# neighbours can still be mostly of the right digit: a sample
 # can sit in the right neighbourhood and yet on the wrong side of the linear
 # layer's boundary.
 wrong = np.flatnonzero(after.predict(X_test) != y_test)

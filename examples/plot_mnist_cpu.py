@@ -14,10 +14,12 @@ a minute and reach about 90% accuracy. For the full run, see
 # %%
 # Loading MNIST
 # -------------
-# :func:`~skassoc.datasets.load_mnist` reads the ``SKASSOC_MNIST_DIR``
-# environment variable when it is set. Otherwise this example uses the copy
-# of the data next to the repository if there is one, and else lets the
-# loader download the files into scikit-learn's data folder.
+# :func:`~skassoc.datasets.load_mnist` reads the folder named by the
+# ``SKASSOC_MNIST_DIR`` environment variable when it is set. Otherwise this
+# example uses the copy of the data next to the repository if there is one.
+# It never downloads (``download_if_missing=False``): to fetch the four
+# files once, run ``skassoc.datasets.load_mnist()`` yourself. The docs
+# build runs this example only when the files are on the machine.
 import os
 from pathlib import Path
 
@@ -28,9 +30,8 @@ from sklearn.metrics import ConfusionMatrixDisplay
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
-# Without SKASSOC_MNIST_DIR, use the copy beside the repository if there is
-# one (run from the repository root or, as the docs build does, from
-# examples/), else let load_mnist download the files.
+# Without SKASSOC_MNIST_DIR, use the copy beside the repository (run from the
+# repository root or, as the docs build does, from examples/).
 data_home = None
 candidates = [
     Path("..", "shared", "data", "mnist"),
@@ -39,8 +40,12 @@ candidates = [
 if "SKASSOC_MNIST_DIR" not in os.environ:
     data_home = next((path for path in candidates if path.is_dir()), None)
 
-X_train, y_train = load_mnist("train", data_home=data_home, return_X_y=True)
-X_test, y_test = load_mnist("test", data_home=data_home, return_X_y=True)
+X_train, y_train = load_mnist(
+    "train", data_home=data_home, download_if_missing=False, return_X_y=True
+)
+X_test, y_test = load_mnist(
+    "test", data_home=data_home, download_if_missing=False, return_X_y=True
+)
 # 2,000 test images keep the prediction short; the accuracy on all 10,000
 # differs by a fraction of a percent.
 X_test, y_test = X_test[:2000], y_test[:2000]

@@ -21,6 +21,8 @@ __all__ = ["plot_association_graph", "plot_nearest_neighbors"]
 # for the unlabeled batch B.
 LABELED_COLOR = "tab:green"
 UNLABELED_COLOR = "tab:red"
+# The frame of a query image that the estimator misclassifies.
+MISCLASSIFIED_COLOR = "red"
 
 
 def _import_matplotlib():
@@ -320,13 +322,16 @@ def plot_nearest_neighbors(
     y_query=None,
     y_pool=None,
     image_shape=None,
+    mark_misclassified=True,
 ):
     """Show the pool images closest to each query image in embedding space.
 
     Every row shows a query image and its ``n_neighbors`` nearest pool images
     by cosine similarity of the estimator's embeddings, most similar first,
     with the similarity under each thumbnail (as in the paper's STL-10
-    figure).
+    figure). With labels, a legend explains the frames, and the queries that
+    the estimator misclassifies get a thick red frame and their predicted
+    class.
 
     Parameters
     ----------
@@ -346,6 +351,10 @@ def plot_nearest_neighbors(
     image_shape : tuple of int, default=None
         ``(h, w)`` or ``(c, h, w)`` of one image. By default it is taken from
         ``X_query`` when it holds images, else from ``estimator.input_shape_``.
+    mark_misclassified : bool, default=True
+        When ``y_query`` is given, frame every query whose
+        ``estimator.predict`` differs from its label in thick red and name
+        the predicted class under it ("query 3, predicted 8").
 
     Returns
     -------
@@ -419,6 +428,11 @@ def plot_nearest_neighbors(
     check_labels = y_query is not None and y_pool is not None
     if check_labels:
         y_query, y_pool = np.asarray(y_query), np.asarray(y_pool)
+    misclassified = np.zeros(n_queries, dtype=bool)
+    if mark_misclassified and y_query is not None:
+        y_query = np.asarray(y_query)
+        predicted = np.asarray(estimator.predict(X_query))
+        misclassified = predicted != y_query
 
     fig, axes = plt.subplots(
         n_queries,
@@ -431,7 +445,15 @@ def plot_nearest_neighbors(
     for row, neighbours in enumerate(nearest):
         ax = axes[row, 0]
         ax.imshow(query_images[row], cmap=cmap, vmin=0, vmax=1)
-        ax.set_xlabel(f"query ({y_query[row]})" if check_labels else "query")
+        if misclassified[row]:
+            ax.set_xlabel(
+                f"query {y_query[row]},\npredicted {predicted[row]}",
+                color=MISCLASSIFIED_COLOR,
+            )
+        elif y_query is not None:
+            ax.set_xlabel(f"query ({y_query[row]})")
+        else:
+            ax.set_xlabel("query")
         for column, index in enumerate(neighbours, start=1):
             ax = axes[row, column]
             ax.imshow(neighbour_images[row, column - 1], cmap=cmap, vmin=0, vmax=1)
@@ -447,7 +469,35 @@ def plot_nearest_neighbors(
         ax.set_xticks([])
         ax.set_yticks([])
     # Separate the query column from its neighbours.
-    for ax in axes[:, 0]:
+    for row, ax in enumerate(axes[:, 0]):
         for spine in ax.spines.values():
             spine.set_linewidth(2.0)
+            if misclassified[row]:
+                spine.set_edgecolor(MISCLASSIFIED_COLOR)
+                spine.set_linewidth(4.0)
+    handles = []
+    if check_labels:
+        handles += [
+            _frame_handle(LABELED_COLOR, 2.5, "neighbour of the query's class"),
+            _frame_handle(UNLABELED_COLOR, 2.5, "neighbour of another class"),
+        ]
+    if misclassified.any():
+        handles.append(
+            _frame_handle(MISCLASSIFIED_COLOR, 4.0, "query the estimator misclassifies")
+        )
+    if handles:
+        fig.legend(
+            handles=handles,
+            loc="outside lower center",
+            ncols=min(len(handles), 2),
+            frameon=False,
+            fontsize="small",
+        )
     return fig
+
+
+def _frame_handle(color, linewidth, label):
+    """A legend entry that looks like a thumbnail's frame."""
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor="none", edgecolor=color, linewidth=linewidth, label=label)

@@ -17,6 +17,7 @@ from matplotlib.offsetbox import AnnotationBbox  # noqa: E402
 from skassoc import SemiSupervisedAssociationClassifier  # noqa: E402
 from skassoc.plotting import (  # noqa: E402
     LABELED_COLOR,
+    MISCLASSIFIED_COLOR,
     UNLABELED_COLOR,
     plot_association_graph,
     plot_nearest_neighbors,
@@ -212,7 +213,13 @@ def test_nearest_neighbors_frames_by_label(images_fitted, torch_single_thread):
     clf, X, y = images_fitted
     # The query is in the pool, so its nearest neighbour is itself.
     fig = plot_nearest_neighbors(
-        clf, X[:2], X[:50], n_neighbors=3, y_query=y[:2], y_pool=y[:50]
+        clf,
+        X[:2],
+        X[:50],
+        n_neighbors=3,
+        y_query=y[:2],
+        y_pool=y[:50],
+        mark_misclassified=False,
     )
 
     axes = np.array(fig.axes).reshape(2, 4)
@@ -225,6 +232,60 @@ def test_nearest_neighbors_frames_by_label(images_fitted, torch_single_thread):
         edge = first.spines["top"].get_edgecolor()
         assert matplotlib.colors.same_color(edge, LABELED_COLOR)
     assert axes[0, 0].get_xlabel() == f"query ({y[0]})"
+
+
+def test_nearest_neighbors_marks_misclassified_queries(
+    images_fitted, torch_single_thread
+):
+    clf, X, y = images_fitted
+    predicted = clf.predict(X)
+    wrong = np.flatnonzero(predicted != y)
+    right = np.flatnonzero(predicted == y)
+    assert len(wrong) and len(right), "the fixture's model must make mistakes"
+    queries = np.array([right[0], wrong[0]])
+
+    fig = plot_nearest_neighbors(
+        clf, X[queries], X, n_neighbors=2, y_query=y[queries], y_pool=y
+    )
+
+    axes = np.array(fig.axes).reshape(2, 3)
+    good, bad = axes[:, 0]
+    assert good.get_xlabel() == f"query ({y[right[0]]})"
+    assert bad.get_xlabel() == f"query {y[wrong[0]]},\npredicted {predicted[wrong[0]]}"
+    for spine in bad.spines.values():
+        assert matplotlib.colors.same_color(spine.get_edgecolor(), MISCLASSIFIED_COLOR)
+        assert spine.get_linewidth() > 3
+    for spine in good.spines.values():
+        assert not matplotlib.colors.same_color(
+            spine.get_edgecolor(), MISCLASSIFIED_COLOR
+        )
+    (legend,) = fig.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == [
+        "neighbour of the query's class",
+        "neighbour of another class",
+        "query the estimator misclassifies",
+    ]
+
+    # Without mistakes among the queries, the legend names the frames only;
+    # mark_misclassified=False never marks.
+    fig = plot_nearest_neighbors(
+        clf, X[right[:2]], X, n_neighbors=2, y_query=y[right[:2]], y_pool=y
+    )
+    assert len(fig.legends[0].get_texts()) == 2
+    fig = plot_nearest_neighbors(
+        clf,
+        X[queries],
+        X,
+        n_neighbors=2,
+        y_query=y[queries],
+        y_pool=y,
+        mark_misclassified=False,
+    )
+    assert fig.axes[3].get_xlabel() == f"query ({y[wrong[0]]})"
+    assert len(fig.legends[0].get_texts()) == 2
+    # No labels: no legend.
+    assert plot_nearest_neighbors(clf, X[queries], X, n_neighbors=2).legends == []
 
 
 def test_nearest_neighbors_needs_images(blobs_semi, fast_params, torch_single_thread):
