@@ -33,14 +33,7 @@ PAGES = ["getting_started.rst", "user_guide.rst", "faq.rst"]
 
 # Sections (by their label) whose blocks are not run, with the reason. Keep
 # this empty where a marker on the block can say the same.
-SKIP_SECTIONS = {
-    # Cross-validation and search are rewritten on top of
-    # skassoc.model_selection; until then their blocks run hundreds of
-    # default-length fits (minutes) or need a Dask scheduler.
-    "user_guide_cv": "slow: 5 folds of default-length fits",
-    "user_guide_search": "slow: a grid of default-length fits in processes",
-    "user_guide_cluster": "needs a Dask scheduler",
-}
+SKIP_SECTIONS = {}
 
 _DIRECTIVE = re.compile(r"^(\s*)\.\.\s+(code-block|code|sourcecode)::\s*(\S*)\s*$")
 _MARKER = re.compile(r"^\s*\.\.\s+test-docs:\s*(\S+)\s*(.*)$")
