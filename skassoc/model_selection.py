@@ -522,7 +522,8 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     >>> X, y = make_blobs(90, centers=2, random_state=0)
     >>> y[30:] = -1
     >>> clf = SemiSupervisedAssociationClassifier(
-    ...     network="mlp", max_iter=20, device="cpu", random_state=0)
+    ...     network="mlp", labeled_per_class=3, max_iter=20, device="cpu",
+    ...     random_state=0)
     >>> search = StackedGridSearchCV(
     ...     clf, {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]}, cv=3
     ... ).fit(X, y)

@@ -144,12 +144,13 @@ def test_nonfinite_candidate_left_unfitted(blobs, fast_params):
 @pytest.mark.parametrize("stacking", ["vmap", "streams"])
 def test_stacked_on_gpu(blobs, fast_params, stacking):
     X, y = blobs
-    params = {**fast_params, "device": "cuda", "max_iter": 50}
+    # fp32: TF32 would round the two ways differently enough to drift.
+    params = {**fast_params, "device": "cuda", "max_iter": 50, "precision": "fp32"}
     estimator = SemiSupervisedAssociationClassifier(**params)
     fitted = fit_candidates(estimator, CANDIDATES, X, y, stacking=stacking)
     for candidate, stacked in zip(CANDIDATES, fitted):
         separate = SemiSupervisedAssociationClassifier(**params, **candidate).fit(X, y)
-        # TF32 and other kernels: the models agree closely, not to the bit.
+        # Other kernels (grouped, batched): close, not equal to the bit.
         np.testing.assert_allclose(
-            stacked.predict_proba(X), separate.predict_proba(X), atol=2e-2
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-3
         )
