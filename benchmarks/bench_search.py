@@ -28,7 +28,7 @@ Test errors are on the 10,000 MNIST test images; the fits' wall times
 include everything ``fit`` does (input checks, the copy to the device, the
 CUDA-graph capture), evaluation excluded.
 
-Run (about 1.5 minutes on one H100 with 2,000 steps)::
+Run (about 2 minutes on one H100 with 2,000 steps)::
 
     python benchmarks/bench_search.py --device cuda --steps 2000
 
@@ -49,7 +49,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 from _common import (
     REPO_ROOT,
     default_data_home,
@@ -69,7 +68,9 @@ from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E4
 WALKER_WEIGHTS = (0.5, 1.0, 1.5, 2.0)
 VISIT_WEIGHTS = (0.5, 1.0)
 CANDIDATES = [
-    {"walker_weight": w, "visit_weight": v} for v in VISIT_WEIGHTS for w in WALKER_WEIGHTS
+    {"walker_weight": w, "visit_weight": v}
+    for v in VISIT_WEIGHTS
+    for w in WALKER_WEIGHTS
 ]
 STACKINGS = ("streams", "vmap")
 WARMUP_STEPS = 50
@@ -141,12 +142,18 @@ def run_stacked(params, data, device, stacking):
     warm = _warm_up(params)
     try:
         fit_candidates(
-            SemiSupervisedAssociationClassifier(**warm), CANDIDATES, X, y,
+            SemiSupervisedAssociationClassifier(**warm),
+            CANDIDATES,
+            X,
+            y,
             stacking=stacking,
         )
         fitted, wall = timed(
             lambda: fit_candidates(
-                SemiSupervisedAssociationClassifier(**params), CANDIDATES, X, y,
+                SemiSupervisedAssociationClassifier(**params),
+                CANDIDATES,
+                X,
+                y,
                 stacking=stacking,
             ),
             device,
@@ -212,15 +219,24 @@ def render_table(result):
         row += [_error(result["stacked"][s]["errors"][i]) for s in stackings]
         rows.append(row)
     summary = result["summary"]
-    lines = [f"Device: {result['environment']['device']}; {result['steps']} steps "
-             f"per candidate, precision {result['precision']}, seed {result['seed']}.", ""]
+    lines = [
+        f"Device: {result['environment']['device']}; {result['steps']} steps "
+        f"per candidate, precision {result['precision']}, seed {result['seed']}.",
+        "",
+    ]
     lines += _rst_grid(header, rows)
     timing = [["serial (8 fits)", f"{summary['serial_seconds']:.1f}", "1.00", "", ""]]
     for stacking in stackings:
         s = summary[stacking]
-        timing.append([f"stacked, {stacking}", f"{s['seconds']:.1f}",
-                       f"{s['speedup']:.2f}", f"{summary['ceiling_speedup']:.2f}",
-                       f"{100 * s['share_of_ceiling']:.0f} %"])
+        timing.append(
+            [
+                f"stacked, {stacking}",
+                f"{s['seconds']:.1f}",
+                f"{s['speedup']:.2f}",
+                f"{summary['ceiling_speedup']:.2f}",
+                f"{100 * s['share_of_ceiling']:.0f} %",
+            ]
+        )
     lines += [""] + _rst_grid(
         ["run", "wall s", "speed-up", "ceiling speed-up", "share of ceiling"], timing
     )

@@ -599,16 +599,17 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
             )
         self._set_results(candidates, np.asarray(scores, dtype=float), times)
         if self.refit:
-            self.best_estimator_ = clone(self.estimator).set_params(
-                **self.best_params_
-            )
+            self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_)
             self.best_estimator_.fit(X, y)
         return self
 
     def _set_results(self, candidates, scores, times):
-        """``cv_results_`` and the best candidate from (n_splits, n_candidates) scores."""
+        """``cv_results_`` and the best candidate from (n_splits, K) scores."""
         means = scores.mean(axis=0)
-        results = {"params": candidates, "mean_fit_time": np.full(len(candidates), np.mean(times))}
+        results = {
+            "params": candidates,
+            "mean_fit_time": np.full(len(candidates), np.mean(times)),
+        }
         for name in sorted({n for params in candidates for n in params}):
             column = np.ma.masked_all(len(candidates), dtype=object)
             for i, params in enumerate(candidates):

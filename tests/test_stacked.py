@@ -63,9 +63,16 @@ def test_stacked_fits_equal_separate_fits(blobs, fast_params, stacking):
 def test_stacked_convolutional_network(digits, stacking):
     X, y = digits
     params = dict(
-        network="mnist", embedding_dim=16, labeled_per_class=2,
-        unlabeled_batch_size=16, max_iter=4, device="cpu", random_state=0,
-        precision="fp32", augmentation="paper", ema_decay=0.9,
+        network="mnist",
+        embedding_dim=16,
+        labeled_per_class=2,
+        unlabeled_batch_size=16,
+        max_iter=4,
+        device="cpu",
+        random_state=0,
+        precision="fp32",
+        augmentation="paper",
+        ema_decay=0.9,
     )
     estimator = SemiSupervisedAssociationClassifier(**params)
     fitted = fit_candidates(estimator, CANDIDATES[:2], X, y, stacking=stacking)
@@ -126,6 +133,9 @@ def test_refuses_other_parameters(blobs, fast_params):
     warm = SemiSupervisedAssociationClassifier(**fast_params, warm_start=True)
     with pytest.raises(ValueError, match="warm_start"):
         fit_candidates(warm, CANDIDATES, X, y)
+    compiled = SemiSupervisedAssociationClassifier(**fast_params, compile={})
+    with pytest.raises(ValueError, match="compile"):
+        fit_candidates(compiled, CANDIDATES, X, y)
     with pytest.raises(ValueError, match="visit_weight"):
         fit_candidates(estimator, [{"visit_weight": -1.0}], X, y)
 
