@@ -164,3 +164,22 @@ def test_stacked_on_gpu(blobs, fast_params, stacking):
         np.testing.assert_allclose(
             stacked.predict_proba(X), separate.predict_proba(X), atol=1e-3
         )
+
+
+def test_bench_search_renders_its_results(monkeypatch):
+    """The committed GPU result renders to the committed table (--render-only)."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    bench = importlib.import_module("bench_search")
+    result = json.loads((benchmarks / "results" / "search_cuda.json").read_text())
+    table = bench.render_table(result)
+    assert table == (benchmarks / "results" / "search_cuda.rst").read_text()
+    summary = bench.summarize(result)
+    assert summary["streams"]["speedup"] == pytest.approx(
+        result["summary"]["streams"]["speedup"]
+    )
+    assert len(result["candidates"]) == 8
