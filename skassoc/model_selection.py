@@ -16,22 +16,30 @@ Unlabeled samples are found as the estimator finds them: ``-1``, or the
 string ``"-1"`` in string arrays (see the user guide's section on labels).
 """
 
+import numbers
+import time
 from abc import abstractmethod
 from inspect import signature
 
 import numpy as np
+from scipy.stats import rankdata
+from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
+from sklearn.exceptions import NotFittedError
 from sklearn.metrics import check_scoring
 from sklearn.model_selection import (
     BaseCrossValidator,
     KFold,
+    ParameterGrid,
     RepeatedKFold,
     RepeatedStratifiedKFold,
     StratifiedKFold,
+    check_cv,
 )
 from sklearn.utils import _safe_indexing, indexable
 from sklearn.utils.metadata_routing import MetadataRequest
 from sklearn.utils.validation import _num_samples, column_or_1d
 
+from ._fitted import is_fitted
 from ._inputs import unlabeled_mask
 
 __all__ = [
@@ -40,6 +48,7 @@ __all__ = [
     "RepeatedSemiSupervisedKFold",
     "RepeatedSemiSupervisedStratifiedKFold",
     "labeled_scorer",
+    "StackedGridSearchCV",
 ]
 
 
@@ -458,3 +467,183 @@ def labeled_scorer(scoring=None):
     # check_scoring turns a name into a scorer and refuses a bare metric
     # function such as accuracy_score, which takes (y_true, y_pred).
     return _LabeledScorer(check_scoring(scoring=scoring), scoring)
+
+
+class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
+    """Grid search over loss weights, the candidates of a fold trained together.
+
+    Like :class:`~sklearn.model_selection.GridSearchCV`, but every
+    candidate of a fold trains in one loop with the others
+    (:func:`skassoc._stacked.fit_candidates`): they share the batches and
+    the initial weights of the estimator's ``random_state``, so each
+    candidate's scores are those of a separate fit up to float rounding,
+    while a GPU computes the candidates side by side. The grid may vary the
+    loss weights only (``walker_weight``, ``visit_weight``,
+    ``logit_weight``); search other parameters with ``GridSearchCV``.
+
+    Parameters
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        Gives every parameter that the grid does not.
+    param_grid : dict or list of dict
+        Loss weights to try, as for ``GridSearchCV``.
+    scoring : str, callable or None, default=None
+        One metric, as :func:`labeled_scorer` takes it (None: the
+        estimator's ``score``, the accuracy on labeled samples).
+    cv : int, cross-validation generator or iterable, default=None
+        None: :class:`SemiSupervisedStratifiedKFold` with 5 folds; an int:
+        that many folds of it. Otherwise as for ``GridSearchCV``.
+    refit : bool, default=True
+        Fit the best candidate on all of ``X`` (a plain ``fit``) as
+        ``best_estimator_``.
+    error_score : float, default=np.nan
+        Score of a candidate whose training loss became NaN or infinite.
+    stacking : {"auto", "vmap", "streams"}, default="auto"
+        How the candidates are computed (:func:`~skassoc._stacked.fit_candidates`).
+
+    Attributes
+    ----------
+    cv_results_ : dict of ndarray
+        ``params``, ``param_<name>``, ``split<i>_test_score``,
+        ``mean_test_score``, ``std_test_score``, ``rank_test_score`` and
+        ``mean_fit_time`` (a fold's stacked fit divided among its candidates).
+    best_index_, best_params_, best_score_
+        The candidate of the highest mean score.
+    best_estimator_ : SemiSupervisedAssociationClassifier
+        With ``refit=True``.
+    n_splits_ : int
+    scorer_ : callable
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_blobs
+    >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> from skassoc.model_selection import StackedGridSearchCV
+    >>> X, y = make_blobs(90, centers=2, random_state=0)
+    >>> y[30:] = -1
+    >>> clf = SemiSupervisedAssociationClassifier(
+    ...     network="mlp", labeled_per_class=3, max_iter=20, device="cpu",
+    ...     random_state=0)
+    >>> search = StackedGridSearchCV(
+    ...     clf, {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]}, cv=3
+    ... ).fit(X, y)
+    >>> len(search.cv_results_["params"]), sorted(search.best_params_)
+    (4, ['visit_weight', 'walker_weight'])
+    """
+
+    def __init__(
+        self,
+        estimator,
+        param_grid,
+        *,
+        scoring=None,
+        cv=None,
+        refit=True,
+        error_score=np.nan,
+        stacking="auto",
+    ):
+        self.estimator = estimator
+        self.param_grid = param_grid
+        self.scoring = scoring
+        self.cv = cv
+        self.refit = refit
+        self.error_score = error_score
+        self.stacking = stacking
+
+    def fit(self, X, y):
+        """Score every candidate on every fold, then refit the best one.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+            Training inputs, as for the estimator's ``fit``.
+        y : array-like of shape (n_samples,)
+            Labels, ``-1`` for unlabeled samples.
+
+        Returns
+        -------
+        self : StackedGridSearchCV
+        """
+        from ._stacked import check_candidate_params, fit_candidates
+
+        if isinstance(self.scoring, (list, tuple, set, dict)):
+            raise ValueError(
+                "StackedGridSearchCV scores one metric; pass one name or scorer."
+            )
+        candidates = check_candidate_params(ParameterGrid(self.param_grid))
+        X, y = indexable(X, y)
+        cv = SemiSupervisedStratifiedKFold() if self.cv is None else self.cv
+        if isinstance(cv, numbers.Integral):
+            cv = SemiSupervisedStratifiedKFold(cv)
+        cv = check_cv(cv, y, classifier=True)
+        self.scorer_ = labeled_scorer(self.scoring)
+        scores, times = [], []
+        for train, test in cv.split(X, y):
+            started = time.perf_counter()
+            fitted = fit_candidates(
+                self.estimator,
+                candidates,
+                _safe_indexing(X, train),
+                _safe_indexing(y, train),
+                stacking=self.stacking,
+            )
+            times.append((time.perf_counter() - started) / len(candidates))
+            X_test, y_test = _safe_indexing(X, test), _safe_indexing(y, test)
+            scores.append(
+                [
+                    self.scorer_(est, X_test, y_test)
+                    if is_fitted(est)
+                    else self.error_score
+                    for est in fitted
+                ]
+            )
+        self._set_results(candidates, np.asarray(scores, dtype=float), times)
+        if self.refit:
+            self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_)
+            self.best_estimator_.fit(X, y)
+        return self
+
+    def _set_results(self, candidates, scores, times):
+        """``cv_results_`` and the best candidate from (n_splits, K) scores."""
+        means = scores.mean(axis=0)
+        results = {
+            "params": candidates,
+            "mean_fit_time": np.full(len(candidates), np.mean(times)),
+        }
+        for name in sorted({n for params in candidates for n in params}):
+            column = np.ma.masked_all(len(candidates), dtype=object)
+            for i, params in enumerate(candidates):
+                if name in params:
+                    column[i] = params[name]
+            results[f"param_{name}"] = column
+        for i, split in enumerate(scores):
+            results[f"split{i}_test_score"] = split
+        results["mean_test_score"] = means
+        results["std_test_score"] = scores.std(axis=0)
+        # As GridSearchCV ranks: ties share the best rank, NaN ranks last.
+        finite = np.where(np.isnan(means), -np.inf, means)
+        results["rank_test_score"] = rankdata(-finite, method="min").astype(np.int32)
+        self.cv_results_ = results
+        self.n_splits_ = scores.shape[0]
+        self.best_index_ = int(np.argmin(results["rank_test_score"]))
+        self.best_params_ = candidates[self.best_index_]
+        self.best_score_ = float(means[self.best_index_])
+
+    def _check_refitted(self):
+        if not hasattr(self, "best_estimator_"):
+            raise NotFittedError(
+                "StackedGridSearchCV has no best_estimator_: call fit with refit=True."
+            )
+        return self.best_estimator_
+
+    def predict(self, X):
+        """Predict with ``best_estimator_``."""
+        return self._check_refitted().predict(X)
+
+    def predict_proba(self, X):
+        """Class probabilities of ``best_estimator_``."""
+        return self._check_refitted().predict_proba(X)
+
+    def score(self, X, y):
+        """Score ``best_estimator_`` on ``(X, y)`` with ``scorer_``."""
+        return self.scorer_(self._check_refitted(), X, y)

@@ -1,0 +1,284 @@
+"""A loss-weight search of 8 candidates on one GPU: one after another vs stacked.
+
+What is measured, in one run (MNIST, the paper's recipe shortened to
+``--steps`` steps with the learning-rate decay at the same fractions, 100
+labels drawn with ``make_semi_supervised_labels(y, 10, random_state=seed)``,
+one ``random_state`` for every fit):
+
+(a) **serial**: the 8 candidates (``walker_weight`` x ``visit_weight``) each
+    fitted on its own, one after another, after one untimed warm-up fit
+    (CUDA init, cuDNN autotuning). The figure is the sum of the 8 ``fit``
+    wall times.
+(b) **stacked**: the same 8 candidates trained together by
+    :func:`skassoc._stacked.fit_candidates`, once per stacking
+    (``streams``, ``vmap``), each after an untimed short warm-up; the
+    figure is the wall time of that one call. Every candidate gets the
+    initial weights and batches its separate fit gets, so its test error
+    should match (a)'s within the noise of GPU rounding.
+(c) **ceiling**: what the GPU gives this network at best when it computes
+    8 times the work of one fit in one go: the wall time of ONE fit whose
+    labeled and unlabeled batches are 8 times as large (80 labeled images a
+    class, 800 unlabeled), same steps. ``ceiling speed-up = 8 x (mean wall
+    of one fit of (a)) / (wall of that fit)``: the speed-up that stacking
+    would reach if 8 candidates ran as efficiently as one network on an
+    8-fold batch (dense kernels, no per-candidate overhead; its walker
+    matrices are 64 times larger, which costs little at these sizes).
+
+Test errors are on the 10,000 MNIST test images; the fits' wall times
+include everything ``fit`` does (input checks, the copy to the device, the
+CUDA-graph capture), evaluation excluded.
+
+Run (about 2 minutes on one H100 with 2,000 steps)::
+
+    python benchmarks/bench_search.py --device cuda --steps 2000
+
+and on a CPU, tiny, to check that it runs::
+
+    python benchmarks/bench_search.py --device cpu --steps 5 --train-subset 2000
+
+``--render-only`` rewrites the table from the JSON. Results go to ``--json``
+(default ``benchmarks/results/search_<device>.json``) and ``--table``
+(default the same name with ``.rst``).
+"""
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+from _common import (
+    REPO_ROOT,
+    default_data_home,
+    environment,
+    resolve_device,
+    shortened_schedule,
+    synchronize,
+)
+
+# Benchmark the checkout this script belongs to, installed or not.
+sys.path.insert(0, str(REPO_ROOT))
+
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
+from skassoc._stacked import fit_candidates  # noqa: E402
+from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
+
+WALKER_WEIGHTS = (0.5, 1.0, 1.5, 2.0)
+VISIT_WEIGHTS = (0.5, 1.0)
+CANDIDATES = [
+    {"walker_weight": w, "visit_weight": v}
+    for v in VISIT_WEIGHTS
+    for w in WALKER_WEIGHTS
+]
+STACKINGS = ("streams", "vmap")
+WARMUP_STEPS = 50
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--data-home", default=None)
+    parser.add_argument(
+        "--train-subset", type=int, default=None, help="first N training images only"
+    )
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--table", default=None)
+    parser.add_argument("--render-only", action="store_true")
+    return parser.parse_args(argv)
+
+
+def load_data(args):
+    home = args.data_home or default_data_home()
+    X, y = load_mnist("train", data_home=home, return_X_y=True)
+    X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+    if args.train_subset:
+        X, y = X[: args.train_subset], y[: args.train_subset]
+    y_semi = make_semi_supervised_labels(y, 10, random_state=args.seed)
+    return X, y_semi, X_test, y_test
+
+
+def _warm_up(params):
+    """``params`` for an untimed warm-up fit (CUDA init, cuDNN autotuning)."""
+    steps = min(WARMUP_STEPS, params["max_iter"])
+    return {**params, "max_iter": steps, "lr_decay_steps": steps}
+
+
+def timed(function, device):
+    """``function()`` and its wall time, the GPU's queued work included."""
+    synchronize(device)
+    started = time.perf_counter()
+    result = function()
+    synchronize(device)
+    return result, time.perf_counter() - started
+
+
+def test_error(estimator, X_test, y_test):
+    if not hasattr(estimator, "model_"):
+        return None
+    return 100.0 * float(np.mean(estimator.predict(X_test) != y_test))
+
+
+def run_serial(params, data, device):
+    X, y, X_test, y_test = data
+    warm = _warm_up(params)
+    SemiSupervisedAssociationClassifier(**warm).fit(X, y)
+    seconds, errors = [], []
+    for candidate in CANDIDATES:
+        clf = SemiSupervisedAssociationClassifier(**{**params, **candidate})
+        _, wall = timed(lambda clf=clf: clf.fit(X, y), device)
+        seconds.append(wall)
+        errors.append(test_error(clf, X_test, y_test))
+        print(f"serial {candidate}: {wall:.2f} s, error {errors[-1]:.2f} %", flush=True)
+    return {"seconds": float(sum(seconds)), "fit_seconds": seconds, "errors": errors}
+
+
+def run_stacked(params, data, device, stacking):
+    X, y, X_test, y_test = data
+    warm = _warm_up(params)
+    try:
+        fit_candidates(
+            SemiSupervisedAssociationClassifier(**warm),
+            CANDIDATES,
+            X,
+            y,
+            stacking=stacking,
+        )
+        fitted, wall = timed(
+            lambda: fit_candidates(
+                SemiSupervisedAssociationClassifier(**params),
+                CANDIDATES,
+                X,
+                y,
+                stacking=stacking,
+            ),
+            device,
+        )
+    except Exception as exc:  # noqa: BLE001 -- record, and measure the rest
+        print(f"stacked {stacking} failed: {exc!r}", flush=True)
+        return {"error": repr(exc)}
+    errors = [test_error(est, X_test, y_test) for est in fitted]
+    print(f"stacked {stacking}: {wall:.2f} s, errors {errors}", flush=True)
+    return {"seconds": wall, "errors": errors}
+
+
+def run_ceiling(params, data, device):
+    """One fit whose batches are 8 times those of one candidate's fit."""
+    X, y, _, _ = data
+    k = len(CANDIDATES)
+    big = {
+        **params,
+        "labeled_per_class": params["labeled_per_class"] * k,
+        "unlabeled_batch_size": params["unlabeled_batch_size"] * k,
+    }
+    warm = _warm_up(big)
+    with warnings.catch_warnings():
+        # 80 labeled a class from 10: drawn with replacement, which is fine here.
+        warnings.simplefilter("ignore", UserWarning)
+        SemiSupervisedAssociationClassifier(**warm).fit(X, y)
+        clf = SemiSupervisedAssociationClassifier(**big)
+        _, wall = timed(lambda: clf.fit(X, y), device)
+    print(f"ceiling (one fit, 8x batch): {wall:.2f} s", flush=True)
+    return {"seconds": wall, "batch_factor": k}
+
+
+def summarize(result):
+    """Speed-ups and the share of the ceiling reached, from the raw timings."""
+    serial = result["serial"]["seconds"]
+    one_fit = serial / len(CANDIDATES)
+    ceiling = len(CANDIDATES) * one_fit / result["ceiling"]["seconds"]
+    summary = {"serial_seconds": serial, "ceiling_speedup": ceiling}
+    for stacking, record in result["stacked"].items():
+        if "seconds" not in record:
+            continue
+        speedup = serial / record["seconds"]
+        summary[stacking] = {
+            "seconds": record["seconds"],
+            "speedup": speedup,
+            "share_of_ceiling": speedup / ceiling,
+        }
+    return summary
+
+
+def _error(value):
+    return "failed" if value is None else f"{value:.2f}"
+
+
+def render_table(result):
+    """An RST table: per-candidate errors, then the timings."""
+    stackings = [s for s, r in result["stacked"].items() if "errors" in r]
+    header = ["walker", "visit", "serial error %"] + [f"{s} error %" for s in stackings]
+    rows = []
+    for i, candidate in enumerate(result["candidates"]):
+        row = [str(candidate["walker_weight"]), str(candidate["visit_weight"])]
+        row.append(_error(result["serial"]["errors"][i]))
+        row += [_error(result["stacked"][s]["errors"][i]) for s in stackings]
+        rows.append(row)
+    summary = result["summary"]
+    lines = [
+        f"Device: {result['environment']['device']}; {result['steps']} steps "
+        f"per candidate, precision {result['precision']}, seed {result['seed']}.",
+        "",
+    ]
+    lines += _rst_grid(header, rows)
+    timing = [["serial (8 fits)", f"{summary['serial_seconds']:.1f}", "1.00", "", ""]]
+    for stacking in stackings:
+        s = summary[stacking]
+        timing.append(
+            [
+                f"stacked, {stacking}",
+                f"{s['seconds']:.1f}",
+                f"{s['speedup']:.2f}",
+                f"{summary['ceiling_speedup']:.2f}",
+                f"{100 * s['share_of_ceiling']:.0f} %",
+            ]
+        )
+    lines += [""] + _rst_grid(
+        ["run", "wall s", "speed-up", "ceiling speed-up", "share of ceiling"], timing
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _rst_grid(header, rows):
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    rule = "  ".join("=" * w for w in widths)
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return [rule, fmt(header), rule, *map(fmt, rows), rule]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    results = REPO_ROOT / "benchmarks" / "results"
+    device_type = "cuda" if args.device.startswith("cuda") else args.device
+    json_path = Path(args.json or results / f"search_{device_type}.json")
+    table_path = Path(args.table or json_path.with_suffix(".rst"))
+    if args.render_only:
+        table_path.write_text(render_table(json.loads(json_path.read_text())))
+        return
+    device = resolve_device(args.device)
+    data = load_data(args)
+    params = shortened_schedule(recipe_params("paper"), args.steps)
+    params.update(device=str(device), random_state=args.seed, precision=args.precision)
+    result = {
+        "environment": environment(device),
+        "steps": args.steps,
+        "seed": args.seed,
+        "precision": args.precision,
+        "candidates": CANDIDATES,
+        "serial": run_serial(params, data, device),
+        "stacked": {s: run_stacked(params, data, device, s) for s in STACKINGS},
+        "ceiling": run_ceiling(params, data, device),
+    }
+    result["summary"] = summarize(result)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    table_path.write_text(render_table(result))
+    print(table_path.read_text())
+
+
+if __name__ == "__main__":
+    main()

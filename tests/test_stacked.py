@@ -1,0 +1,185 @@
+"""Stacked training of loss-weight candidates: same models as separate fits."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits, make_blobs
+from sklearn.model_selection import GridSearchCV
+
+from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._stacked import fit_candidates
+from skassoc.model_selection import (
+    SemiSupervisedStratifiedKFold,
+    StackedGridSearchCV,
+    labeled_scorer,
+)
+
+GRID = {"walker_weight": [0.5, 1.0], "visit_weight": [0.0, 1.0]}
+CANDIDATES = [
+    {"walker_weight": 0.5, "visit_weight": 0.0},
+    {"walker_weight": 1.0, "visit_weight": 1.0},
+    {"walker_weight": 2.0, "visit_weight": 0.5, "logit_weight": 0.5},
+]
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    X, y = make_blobs(150, centers=3, n_features=5, cluster_std=2.0, random_state=0)
+    y_semi = y.copy()
+    y_semi[30:] = -1
+    return X, y_semi
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """Tiny 8x8 images (pixel scale 0..255) for the convolutional network."""
+    X, y = load_digits(return_X_y=True)
+    X = (X[:200] * 16).reshape(-1, 1, 8, 8)
+    y = y[:200].copy()
+    y[40:] = -1
+    return X, y
+
+
+@pytest.mark.parametrize("stacking", ["vmap", "streams"])
+def test_stacked_fits_equal_separate_fits(blobs, fast_params, stacking):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    fitted = fit_candidates(estimator, CANDIDATES, X, y, stacking=stacking)
+    for params, stacked in zip(CANDIDATES, fitted, strict=True):
+        separate = SemiSupervisedAssociationClassifier(**fast_params, **params)
+        separate.fit(X, y)
+        assert stacked.get_params() == separate.get_params()
+        np.testing.assert_allclose(
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
+        )
+        np.testing.assert_array_equal(stacked.predict(X), separate.predict(X))
+        np.testing.assert_allclose(
+            stacked.history_["total"], separate.history_["total"], rtol=1e-4
+        )
+        assert stacked.n_iter_ == separate.n_iter_
+
+
+@pytest.mark.parametrize("stacking", ["vmap", "streams"])
+def test_stacked_convolutional_network(digits, stacking):
+    X, y = digits
+    params = dict(
+        network="mnist",
+        embedding_dim=16,
+        labeled_per_class=2,
+        unlabeled_batch_size=16,
+        max_iter=4,
+        device="cpu",
+        random_state=0,
+        precision="fp32",
+        augmentation="paper",
+        ema_decay=0.9,
+    )
+    estimator = SemiSupervisedAssociationClassifier(**params)
+    fitted = fit_candidates(estimator, CANDIDATES[:2], X, y, stacking=stacking)
+    for candidate, stacked in zip(CANDIDATES, fitted):
+        separate = SemiSupervisedAssociationClassifier(**params, **candidate).fit(X, y)
+        np.testing.assert_allclose(
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
+        )
+
+
+def test_search_matches_grid_search(blobs, fast_params):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    cv = SemiSupervisedStratifiedKFold(3)
+    stacked = StackedGridSearchCV(estimator, GRID, cv=cv).fit(X, y)
+    reference = GridSearchCV(estimator, GRID, cv=cv, scoring=labeled_scorer()).fit(X, y)
+    ours, theirs = stacked.cv_results_, reference.cv_results_
+    assert ours["params"] == theirs["params"]
+    for key in ("mean_test_score", "std_test_score", "split0_test_score"):
+        np.testing.assert_allclose(ours[key], theirs[key], atol=1e-6)
+    np.testing.assert_array_equal(ours["rank_test_score"], theirs["rank_test_score"])
+    np.testing.assert_array_equal(
+        ours["param_visit_weight"], theirs["param_visit_weight"]
+    )
+    assert stacked.best_params_ == reference.best_params_
+    assert stacked.best_score_ == pytest.approx(reference.best_score_)
+    np.testing.assert_array_equal(
+        stacked.predict(X), reference.best_estimator_.predict(X)
+    )
+
+
+def test_search_defaults_and_no_refit(blobs, fast_params):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    search = StackedGridSearchCV(
+        estimator, {"logit_weight": [0.5, 1.0]}, refit=False, scoring="accuracy"
+    ).fit(X, y)
+    assert search.n_splits_ == 5
+    assert search.cv_results_["mean_test_score"].shape == (2,)
+    assert not hasattr(search, "best_estimator_")
+    with pytest.raises(Exception, match="refit=True"):
+        search.predict(X)
+
+
+def test_refuses_other_parameters(blobs, fast_params):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    with pytest.raises(ValueError, match=r"\['learning_rate'\]"):
+        StackedGridSearchCV(
+            estimator, {"learning_rate": [1e-3], "visit_weight": [1.0]}
+        ).fit(X, y)
+    with pytest.raises(ValueError, match="no candidate"):
+        fit_candidates(estimator, [], X, y)
+    with pytest.raises(ValueError, match="one metric"):
+        StackedGridSearchCV(estimator, GRID, scoring=["accuracy"]).fit(X, y)
+    with pytest.raises(ValueError, match="stacking"):
+        fit_candidates(estimator, CANDIDATES, X, y, stacking="bogus")
+    warm = SemiSupervisedAssociationClassifier(**fast_params, warm_start=True)
+    with pytest.raises(ValueError, match="warm_start"):
+        fit_candidates(warm, CANDIDATES, X, y)
+    compiled = SemiSupervisedAssociationClassifier(**fast_params, compile={})
+    with pytest.raises(ValueError, match="compile"):
+        fit_candidates(compiled, CANDIDATES, X, y)
+    with pytest.raises(ValueError, match="visit_weight"):
+        fit_candidates(estimator, [{"visit_weight": -1.0}], X, y)
+
+
+def test_nonfinite_candidate_left_unfitted(blobs, fast_params):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    # A weight this large overflows the loss to infinity at once.
+    candidates = [{"logit_weight": 1.0}, {"logit_weight": 1e39}]
+    with pytest.warns(UserWarning, match="left unfitted"):
+        fitted = fit_candidates(estimator, candidates, X, y)
+    assert hasattr(fitted[0], "model_") and not hasattr(fitted[1], "model_")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("stacking", ["vmap", "streams"])
+def test_stacked_on_gpu(blobs, fast_params, stacking):
+    X, y = blobs
+    # fp32: TF32 would round the two ways differently enough to drift.
+    params = {**fast_params, "device": "cuda", "max_iter": 50, "precision": "fp32"}
+    estimator = SemiSupervisedAssociationClassifier(**params)
+    fitted = fit_candidates(estimator, CANDIDATES, X, y, stacking=stacking)
+    for candidate, stacked in zip(CANDIDATES, fitted):
+        separate = SemiSupervisedAssociationClassifier(**params, **candidate).fit(X, y)
+        # Other kernels (grouped, batched): close, not equal to the bit.
+        np.testing.assert_allclose(
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-3
+        )
+
+
+def test_bench_search_renders_its_results(monkeypatch):
+    """The committed GPU result renders to the committed table (--render-only)."""
+    import importlib
+    import json
+    from pathlib import Path
+
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    bench = importlib.import_module("bench_search")
+    result = json.loads((benchmarks / "results" / "search_cuda.json").read_text())
+    table = bench.render_table(result)
+    assert table == (benchmarks / "results" / "search_cuda.rst").read_text()
+    summary = bench.summarize(result)
+    assert summary["streams"]["speedup"] == pytest.approx(
+        result["summary"]["streams"]["speedup"]
+    )
+    assert len(result["candidates"]) == 8
