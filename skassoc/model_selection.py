@@ -474,7 +474,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
 
     Like :class:`~sklearn.model_selection.GridSearchCV`, but every
     candidate of a fold trains in one loop with the others
-    (:func:`skassoc._stacked.fit_candidates`): they share the batches and
+    (``skassoc._stacked.fit_candidates``): they share the batches and
     the initial weights of the estimator's ``random_state``, so each
     candidate's scores are those of a separate fit up to float rounding,
     while a GPU computes the candidates side by side. The grid may vary the
@@ -499,7 +499,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     error_score : float, default=np.nan
         Score of a candidate whose training loss became NaN or infinite.
     stacking : {"auto", "vmap", "streams"}, default="auto"
-        How the candidates are computed (:func:`~skassoc._stacked.fit_candidates`).
+        How the candidates are computed (``fit_candidates`` in ``skassoc._stacked``).
 
     Attributes
     ----------
