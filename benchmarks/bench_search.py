@@ -41,25 +41,12 @@ and on a CPU, tiny, to check that it runs::
 (default the same name with ``.rst``).
 """
 
-import argparse
-import json
-import sys
 import time
 import warnings
-from pathlib import Path
 
+import _harness as h
 import numpy as np
-from _common import (
-    REPO_ROOT,
-    default_data_home,
-    environment,
-    resolve_device,
-    shortened_schedule,
-    synchronize,
-)
-
-# Benchmark the checkout this script belongs to, installed or not.
-sys.path.insert(0, str(REPO_ROOT))
+from _harness import environment, resolve_device, synchronize
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
 from skassoc._stacked import fit_candidates  # noqa: E402
@@ -77,23 +64,18 @@ WARMUP_STEPS = 50
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--precision", default="auto")
-    parser.add_argument("--data-home", default=None)
-    parser.add_argument(
-        "--train-subset", type=int, default=None, help="first N training images only"
-    )
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--table", default=None)
-    parser.add_argument("--render-only", action="store_true")
-    return parser.parse_args(argv)
+    parser = h.make_parser(__doc__.split("\n")[0], "search", cases=False)
+    parser.set_defaults(device="cuda")
+    add = parser.add_argument
+    add("--steps", type=int, default=2000, help="training steps of every fit")
+    add("--seed", type=int, default=0, help="labels and init seed")
+    add("--precision", default="auto")
+    add("--train-subset", type=int, default=None, help="first N training images")
+    return h.parse(parser, argv)
 
 
 def load_data(args):
-    home = args.data_home or default_data_home()
+    home = h.mnist_home(args.data_home)
     X, y = load_mnist("train", data_home=home, return_X_y=True)
     X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
     if args.train_subset:
@@ -252,16 +234,12 @@ def _rst_grid(header, rows):
 
 def main(argv=None):
     args = parse_args(argv)
-    results = REPO_ROOT / "benchmarks" / "results"
-    device_type = "cuda" if args.device.startswith("cuda") else args.device
-    json_path = Path(args.json or results / f"search_{device_type}.json")
-    table_path = Path(args.table or json_path.with_suffix(".rst"))
     if args.render_only:
-        table_path.write_text(render_table(json.loads(json_path.read_text())))
+        h.write_text(args.table, render_table(h.load_json(args.json)))
         return
     device = resolve_device(args.device)
     data = load_data(args)
-    params = shortened_schedule(recipe_params("paper"), args.steps)
+    params = h.scaled_schedule(recipe_params("paper"), args.steps)
     params.update(device=str(device), random_state=args.seed, precision=args.precision)
     result = {
         "environment": environment(device),
@@ -274,10 +252,9 @@ def main(argv=None):
         "ceiling": run_ceiling(params, data, device),
     }
     result["summary"] = summarize(result)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    table_path.write_text(render_table(result))
-    print(table_path.read_text())
+    h.write_json(args.json, result)
+    h.write_text(args.table, render_table(result))
+    print(render_table(result))
 
 
 if __name__ == "__main__":

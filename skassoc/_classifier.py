@@ -45,6 +45,7 @@ from ._persistence import load_model, save_model
 from ._sampling import UNLABELED_SAMPLINGS
 from ._settings import (
     available_memory_bytes,
+    fit_seed,
     resolve_fit_settings,
     resolve_precision,
     resolve_predict_batch_size,
@@ -535,14 +536,13 @@ class SemiSupervisedAssociationClassifier(
         """
         inputs = validate_training_inputs(self, X, y, sample_weight)
         validation = self._validation_set(X_val, y_val, inputs)
-        previous = get_fitted_state(self) if self._continues() else None
-        settings = resolve_fit_settings(
-            self, inputs, previous, has_validation_set=validation is not None
-        )
-        if settings.validation_fraction is not None:
+        seed = fit_seed(self.random_state)
+        if self.early_stopping and validation is None:
             inputs, validation = hold_out_validation(
-                inputs, settings.validation_fraction, settings.seed
+                inputs, self.validation_fraction, seed
             )
+        previous = get_fitted_state(self) if self._continues() else None
+        settings = resolve_fit_settings(self, inputs, previous, seed)
         loss_weights = classification_weights(self.class_weight, inputs)
         device = settings.device
         with seeded_rng(settings.seed, device), torch_threads(device):

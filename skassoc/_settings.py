@@ -21,7 +21,7 @@ from ._networks import NETWORKS, auto_network_name
 from ._training import TrainingConfig, default_log_interval
 from ._utils import is_integer
 
-__all__ = ["FitSettings", "resolve_fit_settings"]
+__all__ = ["FitSettings", "fit_seed", "resolve_fit_settings"]
 
 # The authors' code decays the logit layer's weights by 1e-4 for every network.
 LOGIT_L2_SCALE = 1e-4
@@ -57,10 +57,6 @@ class FitSettings:
         The training loop's hyperparameters.
     unlabeled_pool : str
         What the unlabeled batch is drawn from (see ``_batches``).
-    validation_fraction : float or None
-        Share of the labeled samples held out for early stopping; None when
-        the fit holds none out (no early stopping, or ``X_val`` given).
-        The training loop's hyperparameters.
     """
 
     device: torch.device
@@ -72,10 +68,14 @@ class FitSettings:
     unlabeled_sampling: str
     training: TrainingConfig
     unlabeled_pool: str = "unlabeled"
-    validation_fraction: float | None = None
 
 
-def resolve_fit_settings(estimator, inputs, previous=None, has_validation_set=False):
+def fit_seed(random_state):
+    """The seed of torch's generators (and of the validation split) for a fit."""
+    return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
+
+
+def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     """The settings of fitting ``estimator`` on ``inputs``.
 
     Parameters
@@ -86,9 +86,9 @@ def resolve_fit_settings(estimator, inputs, previous=None, has_validation_set=Fa
         The validated training data.
     previous : FittedState, default=None
         The fit to continue from with ``warm_start=True``.
-    has_validation_set : bool, default=False
-        Whether ``fit`` was given ``X_val`` and ``y_val`` (early stopping
-        then validates on them instead of holding out labeled samples).
+    seed : int, default=None
+        The fit's seed (:func:`fit_seed`); None draws it from
+        ``random_state``.
 
     Raises
     ------
@@ -105,7 +105,8 @@ def resolve_fit_settings(estimator, inputs, previous=None, has_validation_set=Fa
         spec = _fitted_spec(previous)
     max_iter = _resolve_auto(estimator.max_iter, AUTO_MAX_ITER, device)
     precision = resolve_precision(estimator.precision, device, inputs.images)
-    seed = check_random_state(estimator.random_state).randint(np.iinfo(np.int32).max)
+    if seed is None:
+        seed = fit_seed(estimator.random_state)
     training = TrainingConfig(
         max_iter=max_iter,
         learning_rate=float(estimator.learning_rate),
@@ -132,7 +133,6 @@ def resolve_fit_settings(estimator, inputs, previous=None, has_validation_set=Fa
         n_iter_no_change=estimator.n_iter_no_change,
         tol=float(estimator.tol),
     )
-    hold_out = estimator.early_stopping and not has_validation_set
     return FitSettings(
         device=device,
         seed=int(seed),
@@ -143,9 +143,6 @@ def resolve_fit_settings(estimator, inputs, previous=None, has_validation_set=Fa
         unlabeled_sampling=estimator.unlabeled_sampling,
         training=training,
         unlabeled_pool=estimator.unlabeled_pool,
-        validation_fraction=(
-            float(estimator.validation_fraction) if hold_out else None
-        ),
     )
 
 
