@@ -76,17 +76,20 @@ class SemiSupervisedAssociationClassifier(
 
     Parameters
     ----------
-    network : {"auto", "mnist", "svhn", "stl10", "mlp"} or torch.nn.Module, \
-            default="auto"
+    network : {"auto", "mnist", "svhn", "stl10", "small", "mlp"} or \
+            torch.nn.Module, default="auto"
         The embedding network. ``"mnist"``, ``"svhn"`` and ``"stl10"`` are the
-        paper's convolutional networks (raw pixels 0..255 as input), ``"mlp"``
+        paper's convolutional networks, ``"small"`` a convolutional network
+        for small images; each learns the scale of the pixel values in
+        ``fit`` (8-bit pixels are used exactly as in the paper). ``"mlp"`` is
         a fully connected network for feature vectors, which standardises its
-        input with statistics learned in ``fit``. ``"auto"`` picks the SVHN
-        network for 32x32 images, STL-10 for 96x96, MNIST for other images of
-        at least 8x8 pixels and the MLP for feature rows. A ``torch.nn.Module``
-        must map a batch of inputs (float32, shaped like ``X`` with image
-        inputs as ``(n, c, h, w)``) to ``(n, embedding_dim)`` embeddings; it is
-        copied, never trained in place.
+        input with statistics learned in ``fit`` and bounds the standardised
+        values softly. ``"auto"`` picks the small network for images of 8x8
+        to 27x27 pixels, SVHN for 32x32, STL-10 for 96x96, MNIST for other
+        images of at least 8x8 pixels and the MLP for feature rows. A
+        ``torch.nn.Module`` must map a batch of inputs (float32, shaped like
+        ``X`` with image inputs as ``(n, c, h, w)``) to ``(n, embedding_dim)``
+        embeddings; it is copied, never trained in place.
     input_shape : tuple of int, default=None
         ``(channels, height, width)`` or ``(height, width)`` of one image when
         ``X`` holds images as flat rows. Leave None for feature vectors, or
@@ -106,11 +109,15 @@ class SemiSupervisedAssociationClassifier(
         :meth:`transform`'s output).
     hidden_layer_sizes : tuple of int, default=(256, 256)
         Hidden layers of the ``"mlp"`` network before its embedding layer.
-    labeled_per_class : int, default=10
+    labeled_per_class : int or "auto", default="auto"
         Samples of every class in each labeled batch. A class with fewer
         labeled samples is drawn with replacement (with a warning).
-    unlabeled_batch_size : int, default=100
-        Size of the unlabeled batch of every step.
+        ``"auto"``: 10 (the paper), or the size of the smallest labeled class
+        when that is smaller.
+    unlabeled_batch_size : int or "auto", default="auto"
+        Size of the unlabeled batch of every step. ``"auto"``: 100 (the
+        paper), or the number of samples in the unlabeled pool when that is
+        smaller.
     unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
         How the unlabeled batch is drawn from the unlabeled samples.
         ``"replacement"``: uniformly with replacement, each step on its own
@@ -123,8 +130,12 @@ class SemiSupervisedAssociationClassifier(
         too, starts a new epoch. The recipes were measured with
         ``"replacement"``.
     max_iter : int or "auto", default="auto"
-        Number of training steps. ``"auto"``: 20,000 on a GPU (the paper),
-        2,000 on a CPU.
+        Number of training steps. ``"auto"``: enough steps for 100 passes
+        over the unlabeled pool, at least 1,000 and at most the paper's
+        20,000; on a CPU also at most what a fixed budget of work allows,
+        estimated from the network's size and the batch, so that a CPU fit
+        ends in seconds to a minute (``skassoc._defaults`` has the rules). A
+        custom module gets 20,000 steps on a GPU and 2,000 on a CPU.
     learning_rate : float, default=1e-3
         Initial learning rate of Adam.
     lr_decay : float, default=0.33
@@ -354,7 +365,7 @@ class SemiSupervisedAssociationClassifier(
 
     _parameter_constraints = {
         "network": [
-            StrOptions({"auto", "mnist", "svhn", "stl10", "mlp"}),
+            StrOptions({"auto", "mnist", "svhn", "stl10", "small", "mlp"}),
             torch.nn.Module,
         ],
         "input_shape": [tuple, list, None],
@@ -362,8 +373,14 @@ class SemiSupervisedAssociationClassifier(
         "image_channels": [Options(Integral, {1, 3}), None],
         "embedding_dim": [Interval(Integral, 1, None, closed="left")],
         "hidden_layer_sizes": [tuple, list],
-        "labeled_per_class": [Interval(Integral, 1, None, closed="left")],
-        "unlabeled_batch_size": [Interval(Integral, 1, None, closed="left")],
+        "labeled_per_class": [
+            Interval(Integral, 1, None, closed="left"),
+            StrOptions({"auto"}),
+        ],
+        "unlabeled_batch_size": [
+            Interval(Integral, 1, None, closed="left"),
+            StrOptions({"auto"}),
+        ],
         "unlabeled_sampling": [StrOptions(set(UNLABELED_SAMPLINGS))],
         "max_iter": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
@@ -417,8 +434,8 @@ class SemiSupervisedAssociationClassifier(
         image_channels=None,
         embedding_dim=128,
         hidden_layer_sizes=(256, 256),
-        labeled_per_class=10,
-        unlabeled_batch_size=100,
+        labeled_per_class="auto",
+        unlabeled_batch_size="auto",
         unlabeled_sampling="replacement",
         max_iter="auto",
         learning_rate=1e-3,
@@ -596,7 +613,7 @@ class SemiSupervisedAssociationClassifier(
             width, _ = probe_embedder(embedder, sample)
             spec = type(spec)(**{**spec.__dict__, "embedding_dim": width})
         model = build_model(spec, embedder)
-        fit_input_statistics(model, inputs.data)
+        fit_input_statistics(model, inputs.data, spec.network)
         model = placed(model, device, spec)
         # cuDNN may autotune (and synchronize the device) for a new shape:
         # never while another thread captures a CUDA graph.
@@ -942,17 +959,18 @@ class SemiSupervisedAssociationClassifier(
         return tags
 
 
-def fit_input_statistics(model, data):
-    """Let the embedder learn what it needs from the training inputs.
+def fit_input_statistics(model, data, network):
+    """Let a built-in embedder learn its input scale from the training inputs.
 
-    The MLP learns its standardisation; other networks learn nothing.
+    The MLP learns its standardisation, the image networks the range of the
+    pixel values; a custom module learns nothing here.
     """
-    fit_normalization = getattr(model.embedder, "fit_normalization", None)
-    if fit_normalization is not None:
-        input_format = None
-        if not isinstance(model.input_format, torch.nn.Identity):
-            input_format = model.input_format
-        fit_normalization(data, input_format)
+    if network == "custom":
+        return
+    input_format = None
+    if not isinstance(model.input_format, torch.nn.Identity):
+        input_format = model.input_format
+    model.embedder.fit_normalization(data, input_format)
 
 
 def run_model(model, data, device, precision, output, batch_size):

@@ -1,9 +1,11 @@
-"""Embedding networks of the paper, a plain MLP, and the classifier head.
+"""Embedding networks of the paper, a small-image network, an MLP, and the head.
 
-Every embedding network maps *raw* inputs (pixel values 0..255, or features
-as the user passed them) to an embedding and owns its input normalisation, so
-callers never pre-process. :class:`AssociationModel` puts the paper's linear
-logit layer on top of any embedding network.
+Every embedding network maps *raw* inputs (pixel values on any scale, or
+features as the user passed them) to an embedding and owns its input
+normalisation, so callers never pre-process: ``fit_normalization`` learns it
+from the training inputs and stores it as buffers (so ``state_dict`` carries
+it). :class:`AssociationModel` puts the paper's linear logit layer on top of
+any embedding network.
 """
 
 import math
@@ -17,7 +19,9 @@ __all__ = [
     "MNISTNet",
     "SVHNNet",
     "STL10Net",
+    "SmallImageNet",
     "MLPNet",
+    "InputScale",
     "AssociationModel",
     "build_network",
     "place_model",
@@ -61,8 +65,134 @@ def xavier_init_(module):
     return module
 
 
+def _chunks(x, input_format, values_per_chunk=2**18):
+    """Rows of ``x`` as float64 ``(rows, values)`` tensors, a few MiB at a time.
+
+    A memory-mapped ``x`` is read chunk by chunk, never loaded whole;
+    ``input_format`` (e.g. an :class:`~skassoc._image_format.ImageFormat`) is
+    applied to each chunk first.
+    """
+    n = x.shape[0]
+    chunk_size = max(1, values_per_chunk // max(1, math.prod(x.shape[1:])))
+    for start in range(0, n, chunk_size):
+        chunk = as_tensor(x[start : start + chunk_size])
+        if input_format is not None:
+            chunk = input_format(chunk.float())
+        yield chunk.flatten(1).double()
+
+
+#: Encodings of pixel values that :func:`pixel_range` recognises.
+USUAL_PIXEL_RANGES = ((0.0, 1.0), (-1.0, 1.0), (0.0, 255.0))
+
+
+def pixel_range(x, input_format=None):
+    """The range of pixel values of images ``x``, snapped to a usual encoding.
+
+    The data's minimum and maximum, except that data that lie inside a
+    usual encoding and span more than half of it get that encoding's whole
+    range: ``(0, 1)``, ``(-1, 1)`` or 8-bit ``(0, 255)``. So a set of dark
+    images is not stretched, and 8-bit images map exactly as the paper's
+    networks expect. Any other data (0..16 counts, 16-bit pixels,
+    standardised values) keeps its own minimum and maximum. Read in chunks
+    (see :func:`_chunks`).
+    """
+    low, high = math.inf, -math.inf
+    for rows in _chunks(x, input_format):
+        if rows.numel():
+            low = min(low, float(rows.min()))
+            high = max(high, float(rows.max()))
+    if not math.isfinite(low) or not math.isfinite(high):
+        raise ValueError("Cannot learn the pixel range of empty or non-finite images.")
+    for lo, hi in USUAL_PIXEL_RANGES:
+        if lo <= low and high <= hi and high - low > (hi - lo) / 2:
+            return lo, hi
+    return low, high
+
+
+class InputScale(nn.Module):
+    """``(x - offset) / scale`` with scalar ``offset`` and ``scale`` buffers.
+
+    An image network computes ``(x - reference_offset) / reference_scale`` on
+    8-bit pixels (0..255), as in the paper. :meth:`fit` maps another pixel
+    range onto 0..255 first, folded into the same two numbers, so the
+    network sees the same values whatever the scale of its inputs: the pixel
+    range ``(low, high)`` gives ``offset = low + (high - low) *
+    reference_offset / 255`` and ``scale = (high - low) * reference_scale /
+    255``. For 8-bit data these are exactly the reference numbers, so the
+    paper's networks compute bit for bit what they computed before
+    (``(x - 0) / 255`` is ``x / 255``).
+
+    The buffers start at the reference numbers; a ``state_dict`` without
+    them (saved before the scale was learned) loads as 8-bit data.
+
+    Parameters
+    ----------
+    reference_offset, reference_scale : float
+        The network's normalisation of 8-bit pixels.
+    """
+
+    def __init__(self, reference_offset, reference_scale):
+        super().__init__()
+        self.reference_offset = float(reference_offset)
+        self.reference_scale = float(reference_scale)
+        self.register_buffer("offset", torch.tensor(self.reference_offset))
+        self.register_buffer("scale", torch.tensor(self.reference_scale))
+
+    @torch.no_grad()
+    def fit(self, x, input_format=None):
+        """Learn the pixel range of training images ``x`` (see :func:`pixel_range`)."""
+        low, high = pixel_range(x, input_format)
+        span = high - low
+        if span <= 0:
+            # Constant images: only subtract the value.
+            span = 255.0
+        self.offset.fill_(low + span * self.reference_offset / 255.0)
+        self.scale.fill_(span * self.reference_scale / 255.0)
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Models saved before the input scale existed were trained on the
+        # reference normalisation: keep it for them.
+        reference = {"offset": self.reference_offset, "scale": self.reference_scale}
+        for name, value in reference.items():
+            state_dict.setdefault(prefix + name, torch.tensor(value))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, x):
+        return (x - self.offset) / self.scale
+
+    def extra_repr(self):
+        return f"offset={float(self.offset):g}, scale={float(self.scale):g}"
+
+
 class _ImageNet(nn.Module):
-    """Shared check of the image shape a network was built for."""
+    """Shared check of the image shape and the learned pixel scale.
+
+    Subclasses set ``reference_offset`` and ``reference_scale``: their
+    normalisation ``(x - reference_offset) / reference_scale`` of 8-bit pixels.
+    """
+
+    reference_offset = 0.0
+    reference_scale = 255.0
+
+    def _init_input_scale(self):
+        self.input_scale = InputScale(self.reference_offset, self.reference_scale)
+
+    @torch.no_grad()
+    def fit_normalization(self, x, input_format=None):
+        """Learn the scale of the pixel values from training images ``x``.
+
+        Parameters
+        ----------
+        x : array or tensor of shape (n, c, h, w)
+            Training images, read a few MiB at a time, so a memory-mapped
+            ``x`` is never loaded whole.
+        input_format : torch.nn.Module, default=None
+            Conversion applied to the images before the network sees them;
+            the range is that of its output.
+        """
+        self.input_scale.fit(x, input_format)
+        return self
 
     def _check_shape(self, input_shape, min_size):
         if len(input_shape) != 3:
@@ -81,8 +211,10 @@ class _ImageNet(nn.Module):
 class MNISTNet(_ImageNet):
     """The paper's MNIST embedding network.
 
-    ``x / 255`` -> C32 C32 P C64 C64 P C128 C128 P -> FC(embedding_dim), ELU
-    everywhere (the embedding included), no batch norm, no dropout.
+    ``x / 255`` (for 8-bit pixels; other pixel ranges are mapped onto 0..1 by
+    the scale that :meth:`fit_normalization` learns) -> C32 C32 P C64 C64 P
+    C128 C128 P -> FC(embedding_dim), ELU everywhere (the embedding included),
+    no batch norm, no dropout.
 
     Parameters
     ----------
@@ -97,6 +229,7 @@ class MNISTNet(_ImageNet):
     def __init__(self, input_shape=(1, 28, 28), embedding_dim=128):
         super().__init__()
         self._check_shape(input_shape, 8)
+        self._init_input_scale()
         channels, height, width = input_shape
         self.features, out_channels = _conv_stack(
             channels, [(2, 32), (2, 64), (2, 128)]
@@ -108,13 +241,15 @@ class MNISTNet(_ImageNet):
         xavier_init_(self)
 
     def forward(self, x):
-        return self.embedding(self.features(x / 255.0))
+        return self.embedding(self.features(self.input_scale(x)))
 
 
 class SVHNNet(_ImageNet):
     """The paper's SVHN (and domain adaptation) embedding network.
 
-    Per-image, per-channel standardisation -> 3x C32, P, 3x C64, P, 3x C128,
+    Per-image, per-channel standardisation (of pixels brought to the 0..255
+    range by the scale that :meth:`fit_normalization` learns, so that its
+    ``1e-5`` means the same at any scale) -> 3x C32, P, 3x C64, P, 3x C128,
     P -> FC(embedding_dim), ELU everywhere.
 
     Parameters
@@ -131,10 +266,12 @@ class SVHNNet(_ImageNet):
     """
 
     default_l2_scale = 1e-4
+    reference_scale = 1.0
 
     def __init__(self, input_shape=(3, 32, 32), embedding_dim=128):
         super().__init__()
         self._check_shape(input_shape, 8)
+        self._init_input_scale()
         channels, height, width = input_shape
         self.features, out_channels = _conv_stack(
             channels, [(3, 32), (3, 64), (3, 128)]
@@ -146,6 +283,7 @@ class SVHNNet(_ImageNet):
         xavier_init_(self)
 
     def forward(self, x):
+        x = self.input_scale(x)
         mean = x.mean(dim=(2, 3), keepdim=True)
         std = x.std(dim=(2, 3), keepdim=True)
         return self.embedding(self.features((x - mean) / (std + 1e-5)))
@@ -154,9 +292,10 @@ class SVHNNet(_ImageNet):
 class STL10Net(_ImageNet):
     """The paper's STL-10 embedding network.
 
-    ``(x - 128) / 128`` -> C32, C64/2, maxpool 3x3/2, C64, C128, P, C128,
-    C256, P, C128 (batch norm and ELU after every convolution) -> linear
-    FC(embedding_dim).
+    ``(x - 128) / 128`` (for 8-bit pixels; other ranges are mapped alike by
+    the scale that :meth:`fit_normalization` learns) -> C32, C64/2, maxpool
+    3x3/2, C64, C128, P, C128, C256, P, C128 (batch norm and ELU after every
+    convolution) -> linear FC(embedding_dim).
 
     Parameters
     ----------
@@ -167,10 +306,13 @@ class STL10Net(_ImageNet):
     """
 
     default_l2_scale = 5e-3
+    reference_offset = 128.0
+    reference_scale = 128.0
 
     def __init__(self, input_shape=(3, 96, 96), embedding_dim=128):
         super().__init__()
         self._check_shape(input_shape, 32)
+        self._init_input_scale()
         channels, height, width = input_shape
 
         def block(cin, cout, stride=1):
@@ -198,15 +340,55 @@ class STL10Net(_ImageNet):
         xavier_init_(self)
 
     def forward(self, x):
-        return self.embedding(self.features((x - 128.0) / 128.0))
+        return self.embedding(self.features(self.input_scale(x)))
+
+
+class SmallImageNet(_ImageNet):
+    """A convolutional embedding network for small images (8x8 to 27x27).
+
+    Pixels mapped onto 0..1 (``x / 255`` for 8-bit pixels; the scale is
+    learned by :meth:`fit_normalization`) -> C32 C32 P C64 C64 P C128 ->
+    FC(embedding_dim), ELU everywhere, Xavier initialisation, no batch norm.
+
+    The paper's MNIST network pools three times, which leaves a single pixel
+    of an 8x8 image (and 2x2 of 16x16); this one pools twice, so an 8x8
+    image keeps 2x2 positions and a 16x16 one 4x4, and its layers cost a
+    fraction of the MNIST network's on such images.
+
+    Parameters
+    ----------
+    input_shape : tuple of int, default=(1, 16, 16)
+        ``(channels, height, width)`` of one raw image, at least 4x4.
+    embedding_dim : int, default=128
+        Width of the embedding.
+    """
+
+    default_l2_scale = 1e-3
+
+    def __init__(self, input_shape=(1, 16, 16), embedding_dim=128):
+        super().__init__()
+        self._check_shape(input_shape, 4)
+        self._init_input_scale()
+        channels, height, width = input_shape
+        stack, out_channels = _conv_stack(channels, [(2, 32), (2, 64)])
+        self.features = nn.Sequential(*stack, _conv(out_channels, 128), nn.ELU())
+        flat = 128 * _pooled_size(height, 2) * _pooled_size(width, 2)
+        self.embedding = nn.Sequential(
+            nn.Flatten(), nn.Linear(flat, embedding_dim), nn.ELU()
+        )
+        xavier_init_(self)
+
+    def forward(self, x):
+        return self.embedding(self.features(self.input_scale(x)))
 
 
 class MLPNet(nn.Module):
     """A fully connected embedding network for plain feature vectors.
 
     Standardises its input with a mean and scale stored as buffers (set them
-    with :meth:`fit_normalization` on the training data), then applies ELU
-    layers; the last one is the embedding.
+    with :meth:`fit_normalization` on the training data), softly bounds the
+    standardised values to about ``input_clip`` (see Notes), then applies
+    ELU layers; the last one is the embedding.
 
     Parameters
     ----------
@@ -216,20 +398,50 @@ class MLPNet(nn.Module):
         Widths of the hidden layers before the embedding layer.
     embedding_dim : int, default=128
         Width of the embedding.
+    input_clip : float or None, default=3.0
+        Standardised values ``z`` become ``input_clip * tanh(z / input_clip)``:
+        unchanged near 0, never beyond ``input_clip``. None leaves them
+        unbounded.
+
+    Notes
+    -----
+    A rare feature that is nearly constant (a border pixel of a digit that
+    ink reaches once in a hundred images) has a tiny standard deviation, so
+    its rare values standardise to tens of standard deviations and dominate
+    the first layer. Bounding them keeps the feature's order and its sign
+    but not its outsized weight.
     """
 
     default_l2_scale = 1e-4
 
-    def __init__(self, n_features, hidden_layer_sizes=(256, 256), embedding_dim=128):
+    def __init__(
+        self,
+        n_features,
+        hidden_layer_sizes=(256, 256),
+        embedding_dim=128,
+        input_clip=3.0,
+    ):
         super().__init__()
         widths = [n_features, *hidden_layer_sizes, embedding_dim]
         layers = []
         for width_in, width_out in zip(widths[:-1], widths[1:], strict=True):
             layers += [nn.Linear(width_in, width_out), nn.ELU()]
         self.layers = nn.Sequential(*layers)
+        self.input_clip = None if input_clip is None else float(input_clip)
+        if self.input_clip is not None and not self.input_clip > 0:
+            raise ValueError(f"input_clip must be > 0 or None; got {input_clip!r}.")
         self.register_buffer("mean", torch.zeros(n_features))
         self.register_buffer("scale", torch.ones(n_features))
+        # A buffer too, so that a saved model keeps its bound (0: none).
+        self.register_buffer("clip", torch.tensor(self.input_clip or 0.0))
         xavier_init_(self)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Models saved before the bound existed had none.
+        clip = state_dict.setdefault(prefix + "clip", torch.tensor(0.0))
+        value = float(clip)
+        self.input_clip = value if value > 0 else None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def hidden_layer_sizes(self):
@@ -254,40 +466,47 @@ class MLPNet(nn.Module):
             statistics are those of its output.
         """
         n = x.shape[0]
-        chunk_size = max(1, 2**18 // self.mean.shape[0])
         total = torch.zeros(self.mean.shape, dtype=torch.float64)
-        for start in range(0, n, chunk_size):
-            total += self._rows(x, start, chunk_size, input_format).sum(dim=0)
+        for rows in _chunks(x, input_format):
+            total += rows.sum(dim=0)
         mean = total / n
         # A second pass around the mean: exact, unlike sum(x**2) - n mean**2.
         squares = torch.zeros_like(total)
-        for start in range(0, n, chunk_size):
-            rows = self._rows(x, start, chunk_size, input_format)
+        for rows in _chunks(x, input_format):
             squares += ((rows - mean) ** 2).sum(dim=0)
         self.mean.copy_(mean)
         std = (squares / n).sqrt()
         # Constant features would divide by zero; leave them unscaled.
         self.scale.copy_(torch.where(std > 0, std, torch.ones_like(std)))
 
-    @staticmethod
-    def _rows(x, start, chunk_size, input_format):
-        chunk = as_tensor(x[start : start + chunk_size])
-        if input_format is not None:
-            chunk = input_format(chunk.float())
-        return chunk.flatten(1).double()
-
     def forward(self, x):
-        return self.layers((x.flatten(1) - self.mean) / self.scale)
+        z = (x.flatten(1) - self.mean) / self.scale
+        if self.input_clip is not None:
+            z = self.input_clip * torch.tanh(z / self.input_clip)
+        return self.layers(z)
+
+    def extra_repr(self):
+        return f"input_clip={self.input_clip}"
 
 
-NETWORKS = {"mnist": MNISTNet, "svhn": SVHNNet, "stl10": STL10Net, "mlp": MLPNet}
+NETWORKS = {
+    "mnist": MNISTNet,
+    "svhn": SVHNNet,
+    "stl10": STL10Net,
+    "small": SmallImageNet,
+    "mlp": MLPNet,
+}
+
+#: Images whose height and width both lie in this range get the small network.
+SMALL_IMAGE_SIZES = (8, 27)
 
 
 def auto_network_name(input_shape):
     """The built-in network for inputs of ``input_shape`` (None: feature vectors).
 
-    32x32 images get the SVHN network, 96x96 the STL-10 one, any other image
-    size of at least 8x8 the MNIST one, and feature vectors the MLP.
+    Images of 8x8 up to 27x27 pixels (both sides) get the small-image network,
+    32x32 images the SVHN network, 96x96 the STL-10 one, any other image size
+    of at least 8x8 the MNIST one, smaller images and feature vectors the MLP.
     """
     if input_shape is None:
         return "mlp"
@@ -296,6 +515,9 @@ def auto_network_name(input_shape):
         return "svhn"
     if (height, width) == (96, 96):
         return "stl10"
+    low, high = SMALL_IMAGE_SIZES
+    if low <= min(height, width) and max(height, width) <= high:
+        return "small"
     if min(height, width) >= 8:
         return "mnist"
     return "mlp"

@@ -81,6 +81,8 @@ MAX_BATCH = 2**20
 MAX_STEPS = 10**7
 MAX_WEIGHT = 1e6  # loss weights, L2 scales
 MAX_LABEL_CHARS = 1024
+# Values of the tensors a file may lack (buffers older files did not have).
+MAX_DEFAULTED_VALUES = 1024
 # End of central directory record of a zip without comment: 22 bytes.
 _END_RECORD = struct.Struct("<4s4H2LH")
 
@@ -748,7 +750,10 @@ def _build_checked(spec, state_dict):
 
     The network is first built on torch's meta device (shapes only, no
     memory), so an architecture that the weights do not fill is refused
-    before anything of its size is allocated.
+    before anything of its size is allocated. Tensors missing from the file
+    are allowed only if they are small (at most ``MAX_DEFAULTED_VALUES``
+    values): buffers that files of earlier versions lack, such as an image
+    network's input scale, which the network then fills with its defaults.
     """
     try:
         # Building draws random initial weights, which the saved ones
@@ -761,17 +766,26 @@ def _build_checked(spec, state_dict):
                 for key, t in skeleton.state_dict().items()
             }
             present = {key: (tuple(t.shape), t.dtype) for key, t in state_dict.items()}
-            if expected != present:
-                raise InvalidModelFile(_mismatch(expected, present))
+            _check_weights_fit(expected, present)
             model = build_model(spec)
+        model.load_state_dict(state_dict, strict=True)
     except InvalidModelFile:
         raise
     except (ValueError, RuntimeError, TypeError) as exc:
         # A description that passed the checks above but builds no network
-        # (e.g. an image smaller than the network needs).
+        # (e.g. an image smaller than the network needs), or a small tensor
+        # missing that the network cannot fill.
         raise InvalidModelFile(f"cannot rebuild its network: {exc}") from None
-    model.load_state_dict(state_dict, strict=True)
     return model.eval()
+
+
+def _check_weights_fit(expected, present):
+    """Refuse weights that do not fill the described network (see above)."""
+    missing = set(expected) - set(present)
+    defaulted = sum(math.prod(expected[key][0]) for key in missing)
+    differ = any(expected[key] != present[key] for key in set(expected) & set(present))
+    if differ or set(present) - set(expected) or defaulted > MAX_DEFAULTED_VALUES:
+        raise InvalidModelFile(_mismatch(expected, present))
 
 
 def _mismatch(expected, present):

@@ -14,8 +14,16 @@ import torch
 from sklearn.utils import check_random_state
 
 from ._augmentation import resolve_augmentation
+from ._defaults import (
+    auto_labeled_per_class,
+    auto_max_iter,
+    auto_unlabeled_batch_size,
+    cpu_step_seconds,
+    network_macs,
+)
 from ._device import cpu_has_native_bf16, resolve_device
 from ._image_format import check_image_size
+from ._inputs import UNLABELED
 from ._model import ModelSpec, is_builtin, spec_of_model
 from ._networks import NETWORKS, auto_network_name
 from ._training import TrainingConfig, default_log_interval
@@ -31,8 +39,8 @@ CUSTOM_L2_SCALE = 1e-4
 COMPILE_ARGUMENTS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options"})
 #: torch.compile modes that capture CUDA graphs of their own.
 GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
-# Steps of max_iter="auto": the paper's 20,000 on a GPU; on a CPU, enough for
-# a useful model in minutes.
+# Steps of max_iter="auto" for a custom module: the paper's 20,000 on a GPU;
+# on a CPU, enough for a useful model in minutes.
 AUTO_MAX_ITER = {"cuda": 20_000, "cpu": 2_000, "mps": 2_000}
 AUTO_PREDICT_BATCH_SIZE = {"cuda": 8192, "cpu": 1024, "mps": 1024}
 
@@ -103,8 +111,10 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     if previous is not None:
         _check_warm_start(estimator, inputs, spec, previous)
         spec = _fitted_spec(previous)
-    max_iter = _resolve_auto(estimator.max_iter, AUTO_MAX_ITER, device)
     precision = resolve_precision(estimator.precision, device, inputs.images)
+    labeled_per_class, unlabeled_batch_size, max_iter = _resolve_batching(
+        estimator, inputs, spec, device, precision
+    )
     if seed is None:
         seed = fit_seed(estimator.random_state)
     training = TrainingConfig(
@@ -138,12 +148,53 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         seed=int(seed),
         spec=spec,
         warm_start=previous is not None,
-        labeled_per_class=estimator.labeled_per_class,
-        unlabeled_batch_size=estimator.unlabeled_batch_size,
+        labeled_per_class=labeled_per_class,
+        unlabeled_batch_size=unlabeled_batch_size,
         unlabeled_sampling=estimator.unlabeled_sampling,
         training=training,
         unlabeled_pool=estimator.unlabeled_pool,
     )
+
+
+def _resolve_batching(estimator, inputs, spec, device, precision):
+    """``labeled_per_class``, ``unlabeled_batch_size`` and ``max_iter``.
+
+    Their ``"auto"`` values follow the rules of :mod:`skassoc._defaults`,
+    from the training labels, the size of the unlabeled pool, the network
+    and the device.
+    """
+    labeled = inputs.encoded >= 0
+    counts = np.bincount(inputs.encoded[labeled], minlength=len(inputs.classes))
+    n_unlabeled = int(np.count_nonzero(inputs.encoded == UNLABELED))
+    n_pool = n_unlabeled if estimator.unlabeled_pool == "unlabeled" else 0
+    # With nothing unlabeled (or unlabeled_pool="all"), every training sample
+    # is in the pool.
+    n_pool = n_pool or int(n_unlabeled + labeled.sum())
+    labeled_per_class = estimator.labeled_per_class
+    if labeled_per_class == "auto":
+        labeled_per_class = auto_labeled_per_class(counts[counts > 0])
+    unlabeled_batch_size = estimator.unlabeled_batch_size
+    if unlabeled_batch_size == "auto":
+        unlabeled_batch_size = auto_unlabeled_batch_size(n_pool)
+    max_iter = estimator.max_iter
+    if max_iter == "auto" and spec.network == "custom":
+        # No work estimate for a user's module: the paper's steps on a GPU.
+        max_iter = AUTO_MAX_ITER[device.type]
+    elif max_iter == "auto":
+        macs = network_macs(
+            spec.network,
+            spec.network_shape,
+            spec.n_features,
+            spec.embedding_dim,
+            spec.hidden_layer_sizes,
+        )
+        views = 2 if estimator.consistency_weight > 0 else 1
+        step_samples = labeled_per_class * len(counts) + views * unlabeled_batch_size
+        step_seconds = cpu_step_seconds(
+            spec.network, spec.network_shape, macs, step_samples, precision == "bf16"
+        )
+        max_iter = auto_max_iter(n_pool, unlabeled_batch_size, step_seconds, device)
+    return labeled_per_class, unlabeled_batch_size, max_iter
 
 
 def resolve_precision(precision, device, images):

@@ -345,7 +345,8 @@ def test_a_duplicated_member_is_refused(saved, tmp_path):
             lambda s: s.update({"logits.weight": s["logits.weight"].double()}),
             "do not fit the network",
         ),
-        (lambda s: s.pop("logits.bias"), "missing"),
+        (lambda s: s.pop("logits.bias"), "(?i)missing key"),
+        (lambda s: s.pop("logits.weight"), "missing \\[.logits.weight.\\]"),
         (lambda s: s.update({"extra": torch.zeros(3)}), "unexpected"),
         (
             lambda s: s.update({"logits.bias": s["logits.bias"].to_sparse()}),
@@ -359,6 +360,31 @@ def test_weights_are_checked(saved, tmp_path, change, match):
         tmp_path / "m.skassoc", metadata, tampered_weights(weights, change)
     )
     refused(path, match)
+
+
+def test_files_without_the_input_scale_load_with_the_reference_scale(tmp_path, _digits):
+    """Files of earlier versions lack the image networks' input scale."""
+    X, y = _digits
+    images = (X * 255 / 16).astype(np.uint8).reshape(-1, 8, 8)
+    clf = SemiSupervisedAssociationClassifier(
+        network="mnist", max_iter=3, device="cpu", random_state=0
+    ).fit(images, y)
+    path = tmp_path / "m.skassoc"
+    clf.save(path)
+    with zipfile.ZipFile(path) as archive:
+        metadata = json.loads(archive.read(METADATA_MEMBER))
+        weights = archive.read(WEIGHTS_MEMBER)
+    old = tampered_weights(
+        weights,
+        lambda s: [s.pop(k) for k in list(s) if k.startswith("embedder.input_scale")],
+    )
+    loaded = SemiSupervisedAssociationClassifier.load(
+        write_archive(path, metadata, old), device="cpu"
+    )
+    # 8-bit images: the learned scale was the reference one.
+    np.testing.assert_array_equal(
+        loaded.predict_proba(images), clf.predict_proba(images)
+    )
 
 
 class _Payload:

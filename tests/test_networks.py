@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -11,10 +12,12 @@ from skassoc._networks import (
     AssociationModel,
     MLPNet,
     MNISTNet,
+    SmallImageNet,
     STL10Net,
     SVHNNet,
     auto_network_name,
     build_network,
+    pixel_range,
     weight_tensors,
 )
 
@@ -213,7 +216,7 @@ def test_mlp_fit_normalization_standardizes_first_layer_input():
     x = x * torch.tensor([1.0, 10.0, 1e-3, 1.0, 50.0], dtype=torch.float64)
     x = x + torch.tensor([0.0, -40.0, 5.0, 1e4, 255.0], dtype=torch.float64)
     x[:, 3] = 7.0  # a constant feature
-    net = MLPNet(n_features, (8,), embedding_dim=4)
+    net = MLPNet(n_features, (8,), embedding_dim=4, input_clip=None)
     net.fit_normalization(x)
 
     seen = []
@@ -287,7 +290,10 @@ def test_image_network_needs_three_dimensional_shape(cls, shape):
         ((3, 96, 96), "stl10"),
         ((1, 28, 28), "mnist"),
         ((3, 64, 64), "mnist"),
-        ((1, 8, 8), "mnist"),
+        ((1, 8, 8), "small"),
+        ((1, 16, 16), "small"),
+        ((3, 27, 27), "small"),
+        ((1, 16, 28), "mnist"),
         ((1, 32, 96), "mnist"),
         ((1, 7, 7), "mlp"),
         ((1, 8, 7), "mlp"),
@@ -384,3 +390,169 @@ def test_association_model_returns_embeddings_and_logits(embedder, shape, dim):
     # Gradients reach the embedder through the logits.
     logits.sum().backward()
     assert all(p.grad is not None for p in embedder.parameters())
+
+
+# ------------------------------------------------ small images, input scale
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1, 16, 16), (3, 16, 16), (1, 9, 27)])
+def test_small_image_net_maps_small_images_to_embeddings(shape):
+    torch.manual_seed(0)
+    net = SmallImageNet(shape, embedding_dim=16)
+    out = net(raw_images(3, shape))
+    assert out.shape == (3, 16)
+    assert torch.isfinite(out).all()
+    assert not torch.allclose(out[0], out[1])
+    # Two poolings, not three: an 8x8 image keeps 2x2 positions.
+    pools = [m for m in net.features if isinstance(m, nn.MaxPool2d)]
+    assert len(pools) == 2
+
+
+def test_build_network_builds_the_small_net():
+    net = build_network("small", (1, 8, 8), 64, 32, (256,))
+    assert type(net) is SmallImageNet
+
+
+def conv_input(net, x):
+    """What the first convolution of an image network sees for ``x``."""
+    seen = []
+    first = next(m for m in net.modules() if isinstance(m, nn.Conv2d))
+    handle = first.register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    with torch.no_grad():
+        net.eval()(x)
+    handle.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize(
+    "cls, shape",
+    [
+        (MNISTNet, (1, 8, 8)),
+        (SmallImageNet, (1, 8, 8)),
+        (STL10Net, (1, 32, 32)),
+        (SVHNNet, (1, 8, 8)),
+    ],
+)
+def test_learned_scale_makes_pixel_ranges_equivalent(cls, shape):
+    # The same images as 0..255, 0..16, 0..1 and -1..1 values.
+    generator = torch.Generator().manual_seed(0)
+    levels = torch.randint(0, 17, (6, *shape), generator=generator).double()
+    levels[0].view(-1)[:2] = torch.tensor([0.0, 16.0])  # the full range occurs
+    encodings = [levels * 255 / 16, levels, levels / 16, levels / 8 - 1]
+    seen = []
+    for x in encodings:
+        torch.manual_seed(0)
+        net = cls(shape, embedding_dim=8)
+        net.fit_normalization(x.numpy())
+        seen.append(conv_input(net, x.float()))
+    for other in seen[1:]:
+        torch.testing.assert_close(other, seen[0], atol=1e-5, rtol=1e-5)
+
+
+def test_mnist_net_on_8bit_data_computes_exactly_x_over_255():
+    torch.manual_seed(0)
+    x = raw_images(4, (1, 28, 28))
+    net = MNISTNet().eval()
+    net.fit_normalization(x.to(torch.uint8).numpy())
+    assert float(net.input_scale.offset) == 0.0
+    assert float(net.input_scale.scale) == 255.0
+    with torch.no_grad():
+        assert torch.equal(conv_input(net, x), x / 255.0)
+        assert torch.equal(net(x), net.embedding(net.features(x / 255.0)))
+
+
+def test_stl10_net_on_8bit_data_is_unchanged():
+    torch.manual_seed(0)
+    x = raw_images(2, (3, 40, 40))
+    net = STL10Net((3, 40, 40), embedding_dim=8).eval()
+    net.fit_normalization(x)
+    with torch.no_grad():
+        assert torch.equal(conv_input(net, x), (x - 128.0) / 128.0)
+
+
+def test_dark_8bit_images_keep_the_8bit_scale():
+    # Values up to 200 are still 8-bit pixels, not a range to stretch.
+    x = torch.full((2, 1, 8, 8), 200.0)
+    x[0, 0, 0, 0] = 3.0
+    net = MNISTNet((1, 8, 8))
+    net.fit_normalization(x)
+    assert (float(net.input_scale.offset), float(net.input_scale.scale)) == (0.0, 255.0)
+
+
+def test_learned_scale_survives_a_state_dict_round_trip():
+    net = SmallImageNet((1, 8, 8))
+    net.fit_normalization(torch.rand(5, 1, 8, 8) * 16)
+    state = net.state_dict()
+    assert "input_scale.offset" in state and "input_scale.scale" in state
+    clone = SmallImageNet((1, 8, 8))
+    clone.load_state_dict(state)
+    assert torch.equal(clone.input_scale.offset, net.input_scale.offset)
+    assert torch.equal(clone.input_scale.scale, net.input_scale.scale)
+
+
+def test_state_dict_without_the_scale_loads_as_8bit_data():
+    # Models saved before the scale existed were trained on x / 255.
+    net = MNISTNet((1, 8, 8))
+    net.fit_normalization(torch.rand(3, 1, 8, 8))
+    state = {k: v for k, v in MNISTNet((1, 8, 8)).state_dict().items()}
+    del state["input_scale.offset"], state["input_scale.scale"]
+    net.load_state_dict(state)
+    assert float(net.input_scale.scale) == 255.0
+
+
+def test_scale_is_learned_from_a_memory_map_in_chunks(tmp_path):
+    values = np.arange(3 * 1 * 100 * 100, dtype=np.float32).reshape(3, 1, 100, 100)
+    values = values / values.max() * 2 - 1  # -1..1
+    path = tmp_path / "x.npy"
+    np.save(path, values)
+    x = np.load(path, mmap_mode="r")
+    assert pixel_range(x) == (-1.0, 1.0)
+    net = MNISTNet((1, 100, 100))
+    net.fit_normalization(x)
+    assert (float(net.input_scale.offset), float(net.input_scale.scale)) == (-1.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [
+        (0.0, 1.0, (0.0, 1.0)),
+        (0.25, 0.875, (0.0, 1.0)),
+        (-0.5, 1.0, (-1.0, 1.0)),
+        (0.0, 16.0, (0.0, 16.0)),
+        (0.0, 0.25, (0.0, 0.25)),
+        (0.0, 200.0, (0.0, 255.0)),
+        (0.0, 255.0, (0.0, 255.0)),
+        (10.0, 1000.0, (10.0, 1000.0)),
+        (-3.0, 5.0, (-3.0, 5.0)),
+    ],
+)
+def test_pixel_range_snaps_to_usual_encodings(low, high, expected):
+    x = torch.tensor([[low, high]])
+    assert pixel_range(x) == expected
+
+
+def test_mlp_bounds_outlying_standardised_values():
+    # A rare, nearly constant feature: its one outlier standardises to ~30.
+    x = torch.zeros(1000, 2)
+    x[0, 0] = 16.0
+    x[:, 1] = torch.randn(1000)
+    net = MLPNet(2, (4,), embedding_dim=2, input_clip=3.0)
+    net.fit_normalization(x)
+    seen = []
+    net.layers[0].register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    with torch.no_grad():
+        net(x)
+    assert seen[0].abs().max() <= 3.0
+    # Values near the mean pass almost unchanged, and the order is kept.
+    assert torch.equal(seen[0][:, 1].argsort(), x[:, 1].argsort())
+
+
+def test_mlp_input_clip_is_saved_and_old_state_dicts_load_unbounded():
+    net = MLPNet(3, (4,), embedding_dim=2, input_clip=2.0)
+    clone = MLPNet(3, (4,), embedding_dim=2, input_clip=None)
+    clone.load_state_dict(net.state_dict())
+    assert clone.input_clip == 2.0
+    state = net.state_dict()
+    del state["clip"]
+    clone.load_state_dict(state)
+    assert clone.input_clip is None

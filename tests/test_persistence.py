@@ -183,7 +183,7 @@ def test_round_trip_numeric_class_dtypes(labels, digits, tmp_path):
 
 def test_round_trip_image_network(digits, tmp_path):
     X, y = digits
-    clf = small_classifier(input_shape=(8, 8), max_iter=20).fit(X, y)
+    clf = small_classifier(network="mnist", input_shape=(8, 8), max_iter=20).fit(X, y)
     assert clf.network_ == "mnist" and clf.input_shape_ == (1, 8, 8)
     path = tmp_path / "image.skassoc"
     save_model(clf, path)

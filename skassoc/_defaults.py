@@ -1,0 +1,193 @@
+"""How the estimator's ``"auto"`` parameters are chosen from the data.
+
+Pure functions of the data's size and labels, the network and the device:
+nothing here measures time at run time, so a fit's parameters (and its
+result, for a given ``random_state``) never depend on how busy the machine
+is. Measured fit times and accuracies of these rules are in
+``benchmarks/results/defaults_*`` (``benchmarks/bench_defaults.py``).
+"""
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "auto_labeled_per_class",
+    "auto_unlabeled_batch_size",
+    "network_macs",
+    "cpu_step_seconds",
+    "auto_max_iter",
+]
+
+#: The paper's labeled samples per class in a batch (10 on MNIST).
+MAX_LABELED_PER_CLASS = 10
+#: The paper's unlabeled batch (100 on MNIST).
+MAX_UNLABELED_BATCH_SIZE = 100
+#: Passes over the unlabeled samples that a fit aims for.
+EPOCHS = 100
+#: Fewest steps of a fit: a small data set still needs this many updates.
+MIN_STEPS = 1_000
+#: Most steps of a fit: the paper's 20,000.
+MAX_STEPS = 20_000
+#: The CPU work estimate's model of one core, in nominal seconds: a step's
+#: fixed cost (optimiser, losses, batch draw), and the rate of multiply-adds
+#: of the MLP and of convolutions, which run faster on larger images (per
+#: pixel of image width) and at half speed without native bf16 arithmetic.
+STEP_SECONDS = 4e-3
+MLP_MACS_PER_SECOND = 5e10
+CONV_MACS_PER_SECOND_PER_WIDTH = 4.5e9
+#: A CPU fit's budget of nominal seconds.
+BUDGET_SECONDS = 30.0
+
+
+def auto_labeled_per_class(labeled_counts):
+    """Labeled samples of each class per batch for ``labeled_per_class="auto"``.
+
+    The paper's 10, or the size of the smallest labeled class when it has
+    fewer: every batch then holds the same number of samples of every class
+    and no sample twice, so no class is weighted above its labels and no
+    class is drawn with replacement.
+
+    Parameters
+    ----------
+    labeled_counts : array-like of int
+        Number of labeled samples of each class (all at least 1).
+
+    Returns
+    -------
+    labeled_per_class : int
+    """
+    counts = np.asarray(labeled_counts)
+    if counts.size == 0 or counts.min() < 1:
+        raise ValueError(
+            f"Every class needs at least one labeled sample; got {counts.tolist()}."
+        )
+    return int(min(MAX_LABELED_PER_CLASS, counts.min()))
+
+
+def auto_unlabeled_batch_size(n_unlabeled):
+    """Unlabeled samples per batch for ``unlabeled_batch_size="auto"``.
+
+    The paper's 100, or all the unlabeled samples when there are fewer
+    (a batch never holds a sample twice more often than chance makes it).
+
+    Parameters
+    ----------
+    n_unlabeled : int
+        Number of samples in the unlabeled pool (all samples when every
+        sample is labeled).
+
+    Returns
+    -------
+    unlabeled_batch_size : int
+    """
+    return int(max(1, min(MAX_UNLABELED_BATCH_SIZE, n_unlabeled)))
+
+
+def _conv_macs(layers, channels, height, width):
+    """Multiply-adds of 3x3 "same" convolutions; ``"P"`` halves the image."""
+    macs = 0
+    for layer in layers:
+        if layer == "P":
+            height, width = height // 2, width // 2
+        else:
+            macs += 9 * channels * layer * height * width
+            channels = layer
+    return macs, channels * height * width
+
+
+#: The built-in convolutional networks' layers (see ``_networks``).
+_CONV_LAYERS = {
+    "mnist": [32, 32, "P", 64, 64, "P", 128, 128, "P"],
+    "small": [32, 32, "P", 64, 64, "P", 128],
+    "svhn": [32, 32, 32, "P", 64, 64, 64, "P", 128, 128, 128, "P"],
+}
+
+
+def network_macs(
+    network_name,
+    input_shape,
+    n_features,
+    embedding_dim=128,
+    hidden_layer_sizes=(256, 256),
+):
+    """Multiply-adds of one sample's forward pass through a built-in network.
+
+    Counts the convolutions' and linear layers' multiply-adds (which dominate
+    the time); ``"stl10"``, whose strided layers this does not model, is
+    counted as the SVHN network on its input.
+
+    Parameters
+    ----------
+    network_name : {"mlp", "small", "mnist", "svhn", "stl10"}
+    input_shape : tuple of int or None
+        ``(channels, height, width)`` the network sees; None for feature rows.
+    n_features : int
+        Values in one sample (used by ``"mlp"``).
+    embedding_dim : int, default=128
+    hidden_layer_sizes : tuple of int, default=(256, 256)
+        The MLP's hidden layers.
+
+    Returns
+    -------
+    macs : int
+    """
+    if network_name == "mlp":
+        widths = [n_features, *hidden_layer_sizes, embedding_dim]
+        return int(sum(a * b for a, b in zip(widths[:-1], widths[1:], strict=True)))
+    layers = _CONV_LAYERS["svhn" if network_name == "stl10" else network_name]
+    macs, flat = _conv_macs(layers, *input_shape)
+    return int(macs + flat * embedding_dim)
+
+
+def cpu_step_seconds(network_name, input_shape, sample_macs, step_samples, bf16):
+    """Nominal seconds of one training step on one CPU core (a work estimate).
+
+    ``STEP_SECONDS`` plus the forward and backward multiply-adds (3 times
+    the forward pass) of ``step_samples`` samples at the model's rate:
+    ``MLP_MACS_PER_SECOND`` for the MLP, ``CONV_MACS_PER_SECOND_PER_WIDTH``
+    times the image's geometric-mean side for a convolutional network,
+    halved without native bf16 arithmetic (``bf16=False``).
+    """
+    if network_name == "mlp":
+        rate = MLP_MACS_PER_SECOND
+    else:
+        rate = CONV_MACS_PER_SECOND_PER_WIDTH * math.sqrt(math.prod(input_shape[1:]))
+        if not bf16:
+            rate /= 2
+    return STEP_SECONDS + 3 * sample_macs * step_samples / rate
+
+
+def auto_max_iter(n_unlabeled, unlabeled_batch_size, step_seconds=None, device="cpu"):
+    """Training steps for ``max_iter="auto"``.
+
+    Enough steps for ``EPOCHS`` passes over the unlabeled samples, at least
+    ``MIN_STEPS`` and at most ``MAX_STEPS``. On a CPU also at most what the
+    fit's budget of ``BUDGET_SECONDS`` nominal seconds allows, at
+    ``step_seconds`` nominal seconds a step (see :func:`cpu_step_seconds`):
+    chosen to keep a CPU fit well under a minute; the budget wins
+    over ``MIN_STEPS``, so a heavy network on a CPU trains fewer steps rather
+    than for long. A GPU has no budget: small data sets get the same steps
+    as on a CPU, large ones up to ``MAX_STEPS``.
+
+    Parameters
+    ----------
+    n_unlabeled : int
+        Samples in the unlabeled pool.
+    unlabeled_batch_size : int
+        Unlabeled samples per step.
+    step_seconds : float, default=None
+        Nominal seconds of a step on one CPU core; needed on a CPU.
+    device : {"cpu", "cuda"} or torch.device, default="cpu"
+        Where the fit runs (anything but a GPU counts as a CPU).
+
+    Returns
+    -------
+    max_iter : int
+    """
+    device_type = getattr(device, "type", device)
+    epoch_steps = math.ceil(EPOCHS * n_unlabeled / max(1, unlabeled_batch_size))
+    steps = min(MAX_STEPS, max(MIN_STEPS, epoch_steps))
+    if device_type != "cuda":
+        steps = min(steps, int(BUDGET_SECONDS / step_seconds))
+    return max(1, steps)
