@@ -246,6 +246,7 @@ def test_unlabeled_setting_chooses_the_augmented_rows(
     monkeypatch.setattr(ImageAugmentation, "forward", stand_in)
     monkeypatch.setattr(MNISTNet, "forward", record_input)
     clf = SemiSupervisedAssociationClassifier(
+        network="mnist",
         augmentation={"unlabeled": unlabeled},
         consistency_weight=consistency_weight,
         labeled_per_class=2,

@@ -187,7 +187,8 @@ def test_image_network_and_layouts(fast_params, digits_images):
     X, y = digits_images  # (n, 8, 8) uint8
     params = {**fast_params, "network": "auto", "max_iter": 10}
     clf = SemiSupervisedAssociationClassifier(**params).fit(X, y)
-    assert clf.network_ == "mnist"
+    # 8x8 images get the small-image network.
+    assert clf.network_ == "small"
     assert clf.input_shape_ == (1, 8, 8)
     assert clf.n_features_in_ == 64
     proba = clf.predict_proba(X)
@@ -207,7 +208,7 @@ def test_image_network_and_layouts(fast_params, digits_images):
         other = SemiSupervisedAssociationClassifier(
             **params, input_shape=input_shape
         ).fit(X_fit, y)
-        assert other.network_ == "mnist"
+        assert other.network_ == "small"
         assert other.input_shape_ == (1, 8, 8)
         np.testing.assert_allclose(other.predict_proba(X), proba, atol=1e-6)
 
@@ -245,7 +246,7 @@ def test_color_images(fast_params):
     clf = make_clf(fast_params, network="auto", learning_rate=1e-3, max_iter=30).fit(
         X, y
     )
-    assert clf.network_ == "mnist"
+    assert clf.network_ == "small"
     assert clf.input_shape_ == (3, 8, 8)
     assert clf.n_features_in_ == 192
     X_new, y_new = _red_or_not(100, seed=1)
@@ -259,7 +260,9 @@ def test_color_images(fast_params):
     "shape, expected_network, expected_input_shape",
     [
         ((64,), "mlp", None),
-        ((8, 8), "mnist", (1, 8, 8)),
+        ((8, 8), "small", (1, 8, 8)),
+        ((27, 27), "small", (1, 27, 27)),
+        ((28, 28), "mnist", (1, 28, 28)),
         ((4, 4), "mlp", (1, 4, 4)),  # too small for the convolutions
     ],
 )

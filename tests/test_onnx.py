@@ -73,6 +73,7 @@ def test_image_network_export_matches_predict_proba(
 ):
     X, y = digits_semi  # flat rows of 8x8 images: the input is (n, 1, 8, 8)
     clf = SemiSupervisedAssociationClassifier(
+        network="mnist",
         input_shape=(8, 8),
         labeled_per_class=3,
         max_iter=20,
