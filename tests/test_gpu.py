@@ -99,7 +99,7 @@ def test_precisions_train(digit_images, precision):
     clf = fit(X, y_semi, precision=precision)
     assert np.isfinite(clf.history_["total"]).all()
     assert clf.score(X, y) > 0.8
-    assert clf.predict_proba(X).dtype == np.float32
+    assert clf.predict_proba(X).dtype == np.float64
 
 
 @pytest.mark.parametrize(
