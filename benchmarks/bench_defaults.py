@@ -391,10 +391,9 @@ def render(runs, device):
     def fmt(r):
         return " ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
 
-    title = f"Default parameters on {device}"
+    where = "one GPU" if device == "cuda" else "a CPU"
     body = [
-        title,
-        "=" * len(title),
+        f".. rubric:: Default parameters on {where}",
         "",
         "Median test accuracy in % over the label draws (worst draw in",
         "parentheses) and median fit seconds, one torch thread; the best",

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -120,3 +121,46 @@ def test_cpu_steps_stay_within_the_budget():
 def test_auto_max_iter_takes_a_torch_device():
     cpu = torch.device("cpu")
     assert auto_max_iter(5_000, 100, 0.01, cpu) == auto_max_iter(5_000, 100, 0.01)
+
+
+def test_the_estimator_adapts_labeled_per_class_without_warning(blobs):
+    """labeled_per_class="auto": 3 labels a class need no drawing twice."""
+    import warnings
+
+    from skassoc import SemiSupervisedAssociationClassifier
+
+    X, y = blobs
+    y_semi = np.full_like(y, -1)
+    for label in np.unique(y):
+        y_semi[np.flatnonzero(y == label)[:3]] = label
+    params = dict(hidden_layer_sizes=(16,), max_iter=5, device="cpu", random_state=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*fewer than labeled_per_class")
+        SemiSupervisedAssociationClassifier(**params).fit(X, y_semi)
+    with pytest.warns(UserWarning, match="fewer than labeled_per_class"):
+        SemiSupervisedAssociationClassifier(**params, labeled_per_class=10).fit(
+            X, y_semi
+        )
+
+
+def test_the_estimator_trains_the_auto_steps(blobs):
+    """max_iter="auto" on a CPU: the steps of the rules, from the data."""
+    from skassoc import SemiSupervisedAssociationClassifier
+    from skassoc._defaults import (
+        auto_max_iter,
+        auto_unlabeled_batch_size,
+        cpu_step_seconds,
+        network_macs,
+    )
+
+    X, y = blobs
+    y_semi = np.where(np.arange(len(y)) % 5 == 0, y, -1)
+    clf = SemiSupervisedAssociationClassifier(
+        hidden_layer_sizes=(16,), embedding_dim=8, device="cpu", random_state=0
+    ).fit(X, y_semi)
+    n_pool = int((y_semi == -1).sum())
+    batch = auto_unlabeled_batch_size(n_pool)
+    labeled = 10 * 3  # at least 10 labels in every class
+    macs = network_macs("mlp", None, X.shape[1], 8, (16,))
+    seconds = cpu_step_seconds("mlp", None, macs, labeled + batch, bf16=False)
+    assert clf.n_iter_ == auto_max_iter(n_pool, batch, seconds, "cpu")

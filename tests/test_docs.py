@@ -29,7 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = ["getting_started.rst", "user_guide.rst", "faq.rst"]
+# README.rst, from the docs folder: its example runs as written too.
+PAGES = ["../README.rst", "getting_started.rst", "user_guide.rst", "faq.rst"]
 
 # Sections (by their label) whose blocks are not run, with the reason. Keep
 # this empty where a marker on the block can say the same.
