@@ -35,7 +35,6 @@ fixed 10,000-image subset on a CPU (all 60,000 on a GPU) and tests on the
 official 10,000; the synthetic colour digits are 5,000 images of 16x16.
 """
 
-import argparse
 import json
 import os
 import platform
@@ -57,6 +56,8 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import _harness as h  # noqa: E402
 
 from skassoc import SemiSupervisedAssociationClassifier  # noqa: E402
 from skassoc.datasets import (  # noqa: E402
@@ -285,7 +286,7 @@ def save_runs(path, runs, device):
         "torch": torch.__version__,
         "runs": runs,
     }
-    path.write_text(json.dumps(payload, indent=1) + "\n")
+    h.write_text(path, json.dumps(payload, indent=1) + "\n")
 
 
 def run_suite(args):
@@ -420,27 +421,19 @@ def render(runs, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--draws", type=int, default=DRAWS)
-    parser.add_argument("--only", nargs="*", help="data sets to run (names)")
-    parser.add_argument("--labels", type=int, nargs="*", default=[5, 10])
-    parser.add_argument("--methods", nargs="*", choices=METHODS)
-    parser.add_argument(
-        "--params", help="JSON of skassoc parameters (experiments only)"
-    )
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--table", type=Path)
-    parser.add_argument("--render-only", action="store_true")
-    args = parser.parse_args(argv)
-    stem = f"defaults_{args.device.split(':')[0]}"
-    args.json = args.json or RESULTS / f"{stem}.json"
-    args.table = args.table or RESULTS / f"{stem}.rst"
-    if args.render_only:
-        runs = load_runs(args.json)
-    else:
-        runs = run_suite(args)
-    args.table.write_text(render(runs, args.device))
+    parser = h.make_parser(__doc__.splitlines()[0], "defaults", cases=False)
+    add = parser.add_argument
+    add("--draws", type=int, default=DRAWS, help="label draws of each data set")
+    add("--only", nargs="*", help="data sets to run (names)")
+    add("--labels", type=int, nargs="*", default=[5, 10], help="labels per class")
+    add("--methods", nargs="*", choices=METHODS)
+    add("--params", help="JSON of skassoc parameters (experiments only)")
+    args = h.parse(parser, argv)
+    if not args.render_only:
+        args.device = str(h.resolve_device(args.device))
+    args.json, args.table = Path(args.json), Path(args.table)
+    runs = load_runs(args.json) if args.render_only else run_suite(args)
+    h.write_text(args.table, render(runs, args.device.split(":")[0]))
     print(args.table.read_text())
 
 

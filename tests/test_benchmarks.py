@@ -177,3 +177,13 @@ def test_source_digest_follows_the_files(bench, tmp_path):
     assert harness.resolve_device("cpu").type == "cpu"
     with pytest.raises(SystemExit, match="is not a device"):
         harness.resolve_device("tpu-ish")
+
+
+def test_the_readme_table_is_the_rendered_one(monkeypatch):
+    """README.rst's results table is generated, never typed by hand."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import readme_table
+
+    block = readme_table.readme_block((ROOT / "README.rst").read_text())
+    assert block is not None, "README.rst lost its results-table markers"
+    assert block.strip() == readme_table.render().strip()
