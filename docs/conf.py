@@ -61,7 +61,6 @@ exclude_patterns = [
     ".DS_Store",
     "**.ipynb_checkpoints",
     # The draft of the next README.rst: reviewed as a file, not a page.
-    "_readme_draft.rst",
 ]
 default_role = "literal"
 pygments_style = "sphinx"
