@@ -210,17 +210,7 @@ def plot_association_graph(
     if max_lines is not None:
         max_lines = _positive_int(max_lines, "max_lines")
 
-    y_labeled = np.asarray(y_labeled)
-    if y_labeled.ndim != 1:
-        raise ValueError(
-            f"y_labeled must be 1-D (one class per sample); got shape "
-            f"{y_labeled.shape}."
-        )
-    if y_labeled.shape[0] != len(X_labeled):
-        raise ValueError(
-            f"y_labeled has {y_labeled.shape[0]} labels for {len(X_labeled)} "
-            "labeled samples."
-        )
+    y_labeled = _check_labels(y_labeled, X_labeled)
     # Sorting A by class makes a good association visible as lines that run
     # between blocks of the same class.
     order = np.argsort(y_labeled, kind="stable")
@@ -234,11 +224,7 @@ def plot_association_graph(
     p_ab, p_ba, p_aba = p_ab.numpy(), p_ba.numpy(), p_aba.numpy()
     n_labeled, n_unlabeled = p_ab.shape
     if sort_unlabeled:
-        classes, class_of_labeled = np.unique(y_labeled, return_inverse=True)
-        visits = np.zeros((len(classes), n_unlabeled))
-        np.add.at(visits, class_of_labeled, p_ab)
-        # Within a class, the most visited samples first.
-        unlabeled_order = np.lexsort((-visits.max(axis=0), visits.argmax(axis=0)))
+        unlabeled_order = _by_visits(p_ab, y_labeled)
         X_unlabeled = X_unlabeled[unlabeled_order]
         p_ab = p_ab[:, unlabeled_order]
         p_ba = p_ba[unlabeled_order]
@@ -255,62 +241,98 @@ def plot_association_graph(
     fig = ax.figure.figure
 
     # Rows from the top, as in the paper: A, B, then A again ("round trip").
-    row_y = {"A": 2.0, "B": 1.0, "A back": 0.0}
-    x_labeled = (np.arange(n_labeled) + 0.5) / n_labeled
-    x_unlabeled = (np.arange(n_unlabeled) + 0.5) / n_unlabeled
-    top = np.column_stack([x_labeled, np.full(n_labeled, row_y["A"])])
-    middle = np.column_stack([x_unlabeled, np.full(n_unlabeled, row_y["B"])])
-    bottom = np.column_stack([x_labeled, np.full(n_labeled, row_y["A back"])])
-    ax.add_collection(_line_collection(top, middle, p_ab, max_lines))
-    ax.add_collection(_line_collection(middle, bottom, p_ba, max_lines))
-
+    rows = [
+        np.column_stack([(np.arange(n) + 0.5) / n, np.full(n, height)])
+        for n, height in ((n_labeled, 2.0), (n_unlabeled, 1.0), (n_labeled, 0.0))
+    ]
+    ax.add_collection(_line_collection(rows[0], rows[1], p_ab, max_lines))
+    ax.add_collection(_line_collection(rows[1], rows[2], p_ba, max_lines))
     shape = _image_shape(X_labeled, estimator, image_shape) if show_images else None
     if shape is not None:
-        flat = [X.reshape(len(X), -1) for X in (X_labeled, X_unlabeled)]
-        images = _thumbnails(np.concatenate(flat), shape)
-        # Fit the thumbnails to the slot of one sample in the widest row and
-        # to a third of the height between two rows (sizes in points; the
-        # axes' extent in pixels also holds inside a subfigure).
-        box = ax.get_window_extent()
-        slot = box.width / fig.dpi * 72 / width
-        row_gap = box.height / fig.dpi * 72 / 3.2
-        size = min(0.7 * slot, 0.6 * row_gap)
-        zoom = size / max(images.shape[1:3])
-        labeled_images, unlabeled_images = images[:n_labeled], images[n_labeled:]
-        for image, xy in zip(labeled_images, top, strict=True):
-            _add_thumbnail(ax, image, xy, zoom, LABELED_COLOR, 1.5)
-        for image, xy in zip(unlabeled_images, middle, strict=True):
-            _add_thumbnail(ax, image, xy, zoom, UNLABELED_COLOR, 1.5)
-        for image, xy in zip(labeled_images, bottom, strict=True):
-            _add_thumbnail(ax, image, xy, zoom, LABELED_COLOR, 1.5)
+        _draw_thumbnails(ax, fig, (X_labeled, X_unlabeled), shape, rows, width)
     else:
-        marker = {"s": 60, "zorder": 3, "edgecolors": "black", "linewidths": 0.5}
-        ax.scatter(*top.T, color=LABELED_COLOR, **marker)
-        ax.scatter(*middle.T, color=UNLABELED_COLOR, **marker)
-        ax.scatter(*bottom.T, color=LABELED_COLOR, **marker)
-        for label, (x, y) in zip(y_labeled, top, strict=True):
-            ax.annotate(
-                str(label),
-                (x, y),
-                xytext=(0, 8),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
-
+        _draw_markers(ax, rows, y_labeled)
     same_class = y_labeled[:, None] == y_labeled[None, :]
-    round_trip = float((p_aba * same_class).sum(axis=1).mean())
+    _style_rows(ax, float((p_aba * same_class).sum(axis=1).mean()))
+    return fig
+
+
+def _check_labels(y_labeled, X_labeled):
+    y_labeled = np.asarray(y_labeled)
+    if y_labeled.ndim != 1:
+        raise ValueError(
+            f"y_labeled must be 1-D (one class per sample); got shape "
+            f"{y_labeled.shape}."
+        )
+    if y_labeled.shape[0] != len(X_labeled):
+        raise ValueError(
+            f"y_labeled has {y_labeled.shape[0]} labels for {len(X_labeled)} "
+            "labeled samples."
+        )
+    return y_labeled
+
+
+def _by_visits(p_ab, y_labeled):
+    """Unlabeled samples grouped by the class that visits them most.
+
+    Within a class, the most visited samples first.
+    """
+    classes, class_of_labeled = np.unique(y_labeled, return_inverse=True)
+    visits = np.zeros((len(classes), p_ab.shape[1]))
+    np.add.at(visits, class_of_labeled, p_ab)
+    return np.lexsort((-visits.max(axis=0), visits.argmax(axis=0)))
+
+
+def _draw_thumbnails(ax, fig, inputs, shape, rows, width):
+    """The samples of the three rows as framed thumbnails."""
+    X_labeled, X_unlabeled = inputs
+    flat = [X.reshape(len(X), -1) for X in inputs]
+    images = _thumbnails(np.concatenate(flat), shape)
+    # Fit the thumbnails to the slot of one sample in the widest row and
+    # to a third of the height between two rows (sizes in points; the
+    # axes' extent in pixels also holds inside a subfigure).
+    box = ax.get_window_extent()
+    slot = box.width / fig.dpi * 72 / width
+    row_gap = box.height / fig.dpi * 72 / 3.2
+    zoom = min(0.7 * slot, 0.6 * row_gap) / max(images.shape[1:3])
+    labeled, unlabeled = images[: len(X_labeled)], images[len(X_labeled) :]
+    for row, row_images, color in zip(
+        rows,
+        (labeled, unlabeled, labeled),
+        (LABELED_COLOR, UNLABELED_COLOR, LABELED_COLOR),
+        strict=True,
+    ):
+        for image, xy in zip(row_images, row, strict=True):
+            _add_thumbnail(ax, image, xy, zoom, color, 1.5)
+
+
+def _draw_markers(ax, rows, y_labeled):
+    """The samples of the three rows as dots, the labeled ones with their class."""
+    marker = {"s": 60, "zorder": 3, "edgecolors": "black", "linewidths": 0.5}
+    for row, color in zip(rows, (LABELED_COLOR, UNLABELED_COLOR, LABELED_COLOR)):
+        ax.scatter(*row.T, color=color, **marker)
+    for label, (x, y) in zip(y_labeled, rows[0], strict=True):
+        ax.annotate(
+            str(label),
+            (x, y),
+            xytext=(0, 8),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+
+
+def _style_rows(ax, round_trip):
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.45, 2.45)
-    ax.set_yticks(list(row_y.values()), ["labeled A", "unlabeled B", "labeled A"])
+    ax.set_yticks([2.0, 1.0, 0.0], ["labeled A", "unlabeled B", "labeled A"])
     ax.set_xticks([])
     ax.set_xlabel(
         f"Round trips A \u2192 B \u2192 A ending in their class: {round_trip:.0%}"
     )
     for spine in ax.spines.values():
         spine.set_visible(False)
-    return fig
 
 
 def plot_nearest_neighbors(
@@ -391,24 +413,9 @@ def plot_nearest_neighbors(
     plt = matplotlib.pyplot
 
     X_query, X_pool = np.asarray(X_query), np.asarray(X_pool)
-    n_neighbors = _positive_int(n_neighbors, "n_neighbors")
-    for name, labels, X in (("y_query", y_query, X_query), ("y_pool", y_pool, X_pool)):
-        if labels is not None and np.shape(labels) != (len(X),):
-            raise ValueError(
-                f"{name} must hold one label per image ({len(X)}); got shape "
-                f"{np.shape(labels)}."
-            )
-    if not 1 <= n_neighbors <= len(X_pool):
-        raise ValueError(
-            f"n_neighbors must be between 1 and the pool size {len(X_pool)}; "
-            f"got {n_neighbors}."
-        )
-    shape = _image_shape(X_query, estimator, image_shape)
-    if shape is None:
-        raise ValueError(
-            "plot_nearest_neighbors shows images: pass X_query as (n, h, w) or "
-            "(n, c, h, w) images, or set image_shape."
-        )
+    n_neighbors, shape = _check_neighbor_inputs(
+        estimator, X_query, X_pool, y_query, y_pool, n_neighbors, image_shape
+    )
 
     query = torch.nn.functional.normalize(_embed(estimator, X_query), dim=1)
     pool = torch.nn.functional.normalize(_embed(estimator, X_pool), dim=1)
@@ -443,45 +450,77 @@ def plot_nearest_neighbors(
     )
     cmap = "gray_r" if query_images.ndim == 3 else None
     for row, neighbours in enumerate(nearest):
-        ax = axes[row, 0]
-        ax.imshow(query_images[row], cmap=cmap, vmin=0, vmax=1)
+        label = "query"
         if misclassified[row]:
-            ax.set_xlabel(
-                f"query {y_query[row]},\npredicted {predicted[row]}",
-                color=MISCLASSIFIED_COLOR,
-            )
+            label = f"query {y_query[row]},\npredicted {predicted[row]}"
         elif y_query is not None:
-            ax.set_xlabel(f"query ({y_query[row]})")
-        else:
-            ax.set_xlabel("query")
+            label = f"query ({y_query[row]})"
+        _show(axes[row, 0], query_images[row], cmap, label, misclassified[row])
         for column, index in enumerate(neighbours, start=1):
             ax = axes[row, column]
             ax.imshow(neighbour_images[row, column - 1], cmap=cmap, vmin=0, vmax=1)
             ax.set_xlabel(f"{similarity[row, index]:.3f}")
             if check_labels:
-                color = (
-                    LABELED_COLOR if y_pool[index] == y_query[row] else UNLABELED_COLOR
-                )
-                for spine in ax.spines.values():
-                    spine.set_edgecolor(color)
-                    spine.set_linewidth(2.5)
+                same = y_pool[index] == y_query[row]
+                _frame(ax, LABELED_COLOR if same else UNLABELED_COLOR, 2.5)
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
-    # Separate the query column from its neighbours.
-    for row, ax in enumerate(axes[:, 0]):
-        for spine in ax.spines.values():
-            spine.set_linewidth(2.0)
-            if misclassified[row]:
-                spine.set_edgecolor(MISCLASSIFIED_COLOR)
-                spine.set_linewidth(4.0)
+    _neighbour_legend(fig, check_labels, misclassified.any())
+    return fig
+
+
+def _check_neighbor_inputs(
+    estimator, X_query, X_pool, y_query, y_pool, n_neighbors, image_shape
+):
+    """``n_neighbors`` checked and the image shape, or a clear ValueError."""
+    n_neighbors = _positive_int(n_neighbors, "n_neighbors")
+    for name, labels, X in (("y_query", y_query, X_query), ("y_pool", y_pool, X_pool)):
+        if labels is not None and np.shape(labels) != (len(X),):
+            raise ValueError(
+                f"{name} must hold one label per image ({len(X)}); got shape "
+                f"{np.shape(labels)}."
+            )
+    if not 1 <= n_neighbors <= len(X_pool):
+        raise ValueError(
+            f"n_neighbors must be between 1 and the pool size {len(X_pool)}; "
+            f"got {n_neighbors}."
+        )
+    shape = _image_shape(X_query, estimator, image_shape)
+    if shape is None:
+        raise ValueError(
+            "plot_nearest_neighbors shows images: pass X_query as (n, h, w) or "
+            "(n, c, h, w) images, or set image_shape."
+        )
+    return n_neighbors, shape
+
+
+def _show(ax, image, cmap, label, misclassified):
+    """A query image; its frame separates it from its neighbours."""
+    ax.imshow(image, cmap=cmap, vmin=0, vmax=1)
+    if misclassified:
+        ax.set_xlabel(label, color=MISCLASSIFIED_COLOR)
+        _frame(ax, MISCLASSIFIED_COLOR, 4.0)
+    else:
+        ax.set_xlabel(label)
+        _frame(ax, None, 2.0)
+
+
+def _frame(ax, color, linewidth):
+    for spine in ax.spines.values():
+        if color is not None:
+            spine.set_edgecolor(color)
+        spine.set_linewidth(linewidth)
+
+
+def _neighbour_legend(fig, check_labels, any_misclassified):
     handles = []
     if check_labels:
         handles += [
             _frame_handle(LABELED_COLOR, 2.5, "neighbour of the query's class"),
             _frame_handle(UNLABELED_COLOR, 2.5, "neighbour of another class"),
         ]
-    if misclassified.any():
+    if any_misclassified:
         handles.append(
             _frame_handle(MISCLASSIFIED_COLOR, 4.0, "query the estimator misclassifies")
         )
@@ -493,7 +532,6 @@ def plot_nearest_neighbors(
             frameon=False,
             fontsize="small",
         )
-    return fig
 
 
 def _frame_handle(color, linewidth, label):
