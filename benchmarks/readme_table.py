@@ -27,6 +27,7 @@ DATASETS = (
     "semeion-16x16",
     "mnist",
 )
+NAMES = {"mnist": "MNIST (10,000 images)"}
 BASELINES = ("label-spreading", "self-training-lr", "self-training-hgb", "mlp-labeled")
 
 

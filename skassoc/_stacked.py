@@ -64,7 +64,7 @@ from ._losses import (
 )
 from ._networks import weight_tensors
 from ._settings import resolve_fit_settings
-from ._training import _keep_lr_tensor, _learning_rate, _StepRunner
+from ._training import _keep_lr_tensor, _learning_rate, _StepRunner, make_optimizer
 from ._utils import user_stacklevel
 
 __all__ = ["fit_candidates", "LOSS_WEIGHTS", "STACKINGS"]
@@ -256,7 +256,11 @@ def _train(models, batches, configs, device, streams, stacking):
     use_graph = config.cuda_graph and device.type == "cuda"
     kind = _VmapCandidates if stacking == "vmap" else _StreamCandidates
     candidates = kind(models, config, device)
-    optimizer = _make_optimizer(candidates.groups, config, device, use_graph)
+    groups = [
+        {"params": params, "weight_decay": scale}
+        for scale, params in candidates.groups.items()
+    ]
+    optimizer = make_optimizer(groups, config.learning_rate, device, use_graph)
     lr_tensors = [group["lr"] for group in optimizer.param_groups]
     scheduler = torch.optim.lr_scheduler.StepLR(
         optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
@@ -277,22 +281,6 @@ def _train(models, batches, configs, device, streams, stacking):
     for model in models:
         model.eval()
     return log.histories, config.max_iter, log.failed()
-
-
-def _make_optimizer(groups, config, device, capturable):
-    """Adam over every candidate's parameters, as ``_training`` makes it."""
-    groups = [
-        {"params": params, "weight_decay": scale} for scale, params in groups.items()
-    ]
-    if capturable:
-        # A tensor rate read by the captured graph; fused: one launch.
-        return torch.optim.Adam(
-            groups,
-            lr=torch.tensor(config.learning_rate, device=device),
-            capturable=True,
-            fused=True,
-        )
-    return torch.optim.Adam(groups, lr=config.learning_rate)
 
 
 def _decay_scales(model, config):

@@ -305,19 +305,19 @@ def _parameter_groups(model, config):
     return groups
 
 
-def _make_optimizer(model, config, device, capturable):
-    groups = _parameter_groups(model, config)
+def make_optimizer(groups, learning_rate, device, capturable):
+    """Adam over parameter ``groups``; ``capturable`` for a CUDA graph."""
     if capturable:
         # A tensor learning rate is read by the captured graph on every replay;
         # the scheduler updates it in place.
         # The fused kernel updates every parameter in one launch.
         return torch.optim.Adam(
             groups,
-            lr=torch.tensor(config.learning_rate, device=device),
+            lr=torch.tensor(learning_rate, device=device),
             capturable=True,
             fused=True,
         )
-    return torch.optim.Adam(groups, lr=config.learning_rate)
+    return torch.optim.Adam(groups, lr=learning_rate)
 
 
 def _keep_lr_tensor(optimizer, lr_tensors):
@@ -544,7 +544,9 @@ def _learning_rate(scheduler):
 def _train(model, batches, config, device, streams, evaluate):
     model.train()
     use_graph = config.cuda_graph and device.type == "cuda"
-    optimizer = _make_optimizer(model, config, device, capturable=use_graph)
+    optimizer = make_optimizer(
+        _parameter_groups(model, config), config.learning_rate, device, use_graph
+    )
     lr_tensors = [group["lr"] for group in optimizer.param_groups]
     scheduler = torch.optim.lr_scheduler.StepLR(
         optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
