@@ -35,7 +35,7 @@ setup(
             "pandas>=1.5",
             "scipy>=1.9",
             "hypothesis>=6.0",
-            "matplotlib>=3.6",
+            "matplotlib>=3.7",
             "pillow>=9",
             "ruff>=0.4",
             "dask[distributed]>=2023.1",
@@ -45,7 +45,7 @@ setup(
             "onnxruntime",
             "onnxscript",
         ],
-        "examples": ["matplotlib>=3.6", "pillow>=9"],
+        "examples": ["matplotlib>=3.7", "pillow>=9"],
         # skassoc.export.export_onnx; torch >= 2.5 exports through onnxscript.
         "onnx": ["onnx", "onnxscript"],
         # The docs build offline (MathJax and the intersphinx inventories
@@ -55,7 +55,7 @@ setup(
             "sphinx>=7",
             "numpydoc>=1.6",
             "sphinx-gallery>=0.15",
-            "matplotlib>=3.6",
+            "matplotlib>=3.7",
             "pillow>=9",
             "pandas>=1.5",
             "pytest>=7",
