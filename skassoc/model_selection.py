@@ -138,6 +138,42 @@ class _SemiSupervisedSplitter(BaseCrossValidator):
         return self._labeled_cv().get_n_splits()
 
 
+class _KFoldSplitter(_SemiSupervisedSplitter):
+    """K folds of the labeled samples, by the scikit-learn class ``_labeled``."""
+
+    _labeled = KFold
+
+    def __init__(self, n_splits=5, *, shuffle=False, random_state=None):
+        self.n_splits = n_splits
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self._check_params()
+
+    def _labeled_cv(self):
+        return self._labeled(
+            self.n_splits, shuffle=self.shuffle, random_state=self.random_state
+        )
+
+
+class _RepeatedSplitter(_SemiSupervisedSplitter):
+    """Repeated K folds of the labeled samples, by the class ``_labeled``."""
+
+    _labeled = RepeatedKFold
+
+    def __init__(self, *, n_splits=5, n_repeats=10, random_state=None):
+        self.n_splits = n_splits
+        self.n_repeats = n_repeats
+        self.random_state = random_state
+        self._check_params()
+
+    def _labeled_cv(self):
+        return self._labeled(
+            n_splits=self.n_splits,
+            n_repeats=self.n_repeats,
+            random_state=self.random_state,
+        )
+
+
 class _StratifiedCheck:
     """Refuse a class with fewer labeled samples than folds."""
 
@@ -153,7 +189,7 @@ class _StratifiedCheck:
             )
 
 
-class SemiSupervisedKFold(_SemiSupervisedSplitter):
+class SemiSupervisedKFold(_KFoldSplitter):
     """K-fold over the labeled samples; every training fold keeps the unlabeled.
 
     The labeled samples (``y != -1``) are split as
@@ -188,19 +224,8 @@ class SemiSupervisedKFold(_SemiSupervisedSplitter):
     [0 1 2 3 4 6] [5 7]
     """
 
-    def __init__(self, n_splits=5, *, shuffle=False, random_state=None):
-        self.n_splits = n_splits
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self._check_params()
 
-    def _labeled_cv(self):
-        return KFold(
-            self.n_splits, shuffle=self.shuffle, random_state=self.random_state
-        )
-
-
-class SemiSupervisedStratifiedKFold(_StratifiedCheck, _SemiSupervisedSplitter):
+class SemiSupervisedStratifiedKFold(_StratifiedCheck, _KFoldSplitter):
     """Stratified K-fold over the labeled samples; training keeps the unlabeled.
 
     The labeled samples are split as
@@ -238,19 +263,10 @@ class SemiSupervisedStratifiedKFold(_StratifiedCheck, _SemiSupervisedSplitter):
     [0 1 2 3 4 5 6] [7 8] [1 0]
     """
 
-    def __init__(self, n_splits=5, *, shuffle=False, random_state=None):
-        self.n_splits = n_splits
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self._check_params()
-
-    def _labeled_cv(self):
-        return StratifiedKFold(
-            self.n_splits, shuffle=self.shuffle, random_state=self.random_state
-        )
+    _labeled = StratifiedKFold
 
 
-class RepeatedSemiSupervisedKFold(_SemiSupervisedSplitter):
+class RepeatedSemiSupervisedKFold(_RepeatedSplitter):
     """:class:`SemiSupervisedKFold` repeated with a new shuffle each time.
 
     The labeled samples are split as
@@ -276,21 +292,8 @@ class RepeatedSemiSupervisedKFold(_SemiSupervisedSplitter):
     6
     """
 
-    def __init__(self, *, n_splits=5, n_repeats=10, random_state=None):
-        self.n_splits = n_splits
-        self.n_repeats = n_repeats
-        self.random_state = random_state
-        self._check_params()
 
-    def _labeled_cv(self):
-        return RepeatedKFold(
-            n_splits=self.n_splits,
-            n_repeats=self.n_repeats,
-            random_state=self.random_state,
-        )
-
-
-class RepeatedSemiSupervisedStratifiedKFold(_StratifiedCheck, _SemiSupervisedSplitter):
+class RepeatedSemiSupervisedStratifiedKFold(_StratifiedCheck, _RepeatedSplitter):
     """:class:`SemiSupervisedStratifiedKFold` repeated with a new shuffle each time.
 
     The labeled samples are split as
@@ -323,18 +326,7 @@ class RepeatedSemiSupervisedStratifiedKFold(_StratifiedCheck, _SemiSupervisedSpl
     True
     """
 
-    def __init__(self, *, n_splits=5, n_repeats=10, random_state=None):
-        self.n_splits = n_splits
-        self.n_repeats = n_repeats
-        self.random_state = random_state
-        self._check_params()
-
-    def _labeled_cv(self):
-        return RepeatedStratifiedKFold(
-            n_splits=self.n_splits,
-            n_repeats=self.n_repeats,
-            random_state=self.random_state,
-        )
+    _labeled = RepeatedStratifiedKFold
 
 
 class _LabeledScorer:
