@@ -518,6 +518,21 @@ def test_verbose_progress_bar(fast_params, blobs_semi, capsys):
     assert "skassoc" in err
 
 
+def test_the_bar_stays_and_verbose_2_adds_rate_and_validation(
+    fast_params, blobs_semi, capsys
+):
+    X, y = blobs_semi
+    make_clf(fast_params, verbose=1, max_iter=20).fit(X, y)
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    # The bar is left on screen at the end: all steps, their time, the losses.
+    assert "20/20" in last and "walker=" in last and "lr=" not in last
+    make_clf(fast_params, verbose=2, max_iter=20, validation_interval=10).fit(
+        X, y, X_val=X, y_val=np.where(y == -1, 0, y)
+    )
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "20/20" in last and "lr=" in last and "val=" in last
+
+
 def test_quiet_by_default(fast_params, blobs_semi, capsys):
     X, y = blobs_semi
     make_clf(fast_params, max_iter=20).fit(X, y)
