@@ -64,7 +64,13 @@ from ._losses import (
 )
 from ._networks import weight_tensors
 from ._settings import resolve_fit_settings
-from ._training import _keep_lr_tensor, _learning_rate, _StepRunner, make_optimizer
+from ._training import (
+    _keep_lr_tensor,
+    _learning_rate,
+    _StepRunner,
+    association_scale,
+    make_optimizer,
+)
 from ._utils import user_stacklevel
 
 __all__ = ["fit_candidates", "LOSS_WEIGHTS", "STACKINGS"]
@@ -450,14 +456,8 @@ class _StackedStep:
         self.batches.prefetch()
 
     def association_scale(self):
-        """As ``_training._AssociationStep.association_scale``: delay, then ramp."""
-        config = self.config
-        if config.association_ramp_steps > 0:
-            ramp = (self.step_count - config.association_delay + 1) / (
-                config.association_ramp_steps
-            )
-            return ramp.clamp(0.0, 1.0)
-        return (self.step_count >= config.association_delay).float()
+        """Delay, then ramp, as a single fit does."""
+        return association_scale(self.step_count, self.config)
 
     def shared_batch(self):
         """The step's batch, augmented as a single fit augments it, formatted."""

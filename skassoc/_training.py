@@ -96,6 +96,21 @@ class NonFiniteLossError(FloatingPointError):
     """Raised when a training loss becomes NaN or infinite."""
 
 
+def association_scale(step_count, config):
+    """Multiplier of the association losses at (0-based) ``step_count``.
+
+    Zero until ``config.association_delay``, then ramped up linearly over
+    ``config.association_ramp_steps`` (or switched on at once). A device
+    tensor in, a device tensor out: no host sync inside the step.
+    """
+    if config.association_ramp_steps > 0:
+        ramp = (step_count - config.association_delay + 1) / (
+            config.association_ramp_steps
+        )
+        return ramp.clamp(0.0, 1.0)
+    return (step_count >= config.association_delay).float()
+
+
 class _AssociationStep:
     """One training step on device-resident tensors; safe to capture as a graph.
 
@@ -198,17 +213,8 @@ class _AssociationStep:
         )
 
     def association_scale(self):
-        """Multiplier of the walker, visit and consistency losses.
-
-        Zero until ``association_delay``, then ramped up (or switched on).
-        """
-        config = self.config
-        if config.association_ramp_steps > 0:
-            ramp = (self.step_count - config.association_delay + 1) / (
-                config.association_ramp_steps
-            )
-            return ramp.clamp(0.0, 1.0)
-        return (self.step_count >= config.association_delay).float()
+        """Multiplier of the walker, visit and consistency losses."""
+        return association_scale(self.step_count, self.config)
 
     def use_average_weights(self):
         """Make the moving average of the weights the model's, if kept."""
