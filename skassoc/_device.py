@@ -30,8 +30,8 @@ __all__ = [
 #: Torch threads of a CPU fit. One: a fit's result then never depends on the
 #: caller's thread settings or on joblib's ``n_jobs`` (torch's reductions
 #: split work by thread count, so two threads give other rounding than one),
-#: and fits side by side never oversubscribe the cores. See the FAQ for the
-#: measurements behind it.
+#: and fits side by side never oversubscribe the cores (the FAQ explains the
+#: choice to users).
 FIT_THREADS = 1
 
 _DEVICE_TYPES = ("cpu", "cuda", "mps")
