@@ -251,11 +251,14 @@ def signature_of(config):
 
 
 def scaled_schedule(params, max_iter):
-    """``params`` trained for ``max_iter`` steps, the decay interval scaled alike."""
+    """``params`` trained for ``max_iter`` steps, the decay interval and the
+    warm-up scaled alike."""
     params = dict(params)
-    old, steps = params.get("max_iter", "auto"), params.get("lr_decay_steps", "auto")
-    if isinstance(old, int) and isinstance(steps, int):
-        params["lr_decay_steps"] = max(1, round(steps * max_iter / old))
+    old = params.get("max_iter", "auto")
+    for name, least in (("lr_decay_steps", 1), ("lr_warmup_steps", 0)):
+        steps = params.get(name, "auto")
+        if isinstance(old, int) and isinstance(steps, int):
+            params[name] = max(least, round(steps * max_iter / old))
     params["max_iter"] = max_iter
     return params
 

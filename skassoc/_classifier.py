@@ -51,7 +51,7 @@ from ._settings import (
     resolve_predict_batch_size,
     step_memory_bytes,
 )
-from ._training import train
+from ._training import LR_SCHEDULES, train
 from ._utils import user_stacklevel
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
@@ -143,6 +143,16 @@ class SemiSupervisedAssociationClassifier(
     lr_decay_steps : int or "auto", default="auto"
         Steps between learning-rate decays; ``"auto"`` is a quarter of
         ``max_iter`` (5,000 of 20,000, as in the paper).
+    lr_schedule : {"step", "cosine"}, default="step"
+        How the learning rate falls. ``"step"``: by ``lr_decay`` every
+        ``lr_decay_steps`` steps (the paper's schedule). ``"cosine"``: along
+        half a cosine from ``learning_rate`` to 0 at the last step
+        (``lr_decay`` and ``lr_decay_steps`` unused); it suits short runs of
+        large batches.
+    lr_warmup_steps : int, default=0
+        Steps over which the learning rate first grows linearly from
+        ``learning_rate / lr_warmup_steps`` to ``learning_rate``; the
+        schedule applies on top. Must be below the number of steps.
     walker_weight : float, default=1.0
         Weight of the walker loss.
     visit_weight : float, default=1.0
@@ -389,6 +399,8 @@ class SemiSupervisedAssociationClassifier(
             Interval(Integral, 1, None, closed="left"),
             StrOptions({"auto"}),
         ],
+        "lr_schedule": [StrOptions(set(LR_SCHEDULES))],
+        "lr_warmup_steps": [Interval(Integral, 0, None, closed="left")],
         "walker_weight": [Interval(Real, 0, None, closed="left")],
         "visit_weight": [Interval(Real, 0, None, closed="left")],
         "logit_weight": [Interval(Real, 0, None, closed="left")],
@@ -441,6 +453,8 @@ class SemiSupervisedAssociationClassifier(
         learning_rate=1e-3,
         lr_decay=0.33,
         lr_decay_steps="auto",
+        lr_schedule="step",
+        lr_warmup_steps=0,
         walker_weight=1.0,
         visit_weight=1.0,
         logit_weight=1.0,
@@ -479,6 +493,8 @@ class SemiSupervisedAssociationClassifier(
         self.learning_rate = learning_rate
         self.lr_decay = lr_decay
         self.lr_decay_steps = lr_decay_steps
+        self.lr_schedule = lr_schedule
+        self.lr_warmup_steps = lr_warmup_steps
         self.walker_weight = walker_weight
         self.visit_weight = visit_weight
         self.logit_weight = logit_weight

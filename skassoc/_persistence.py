@@ -53,6 +53,7 @@ from ._fitted import FittedState, get_fitted_state
 from ._model import ModelSpec, build_model, placed, spec_of_model
 from ._networks import NETWORKS
 from ._sampling import UNLABELED_SAMPLINGS
+from ._training import LR_SCHEDULES
 from ._utils import is_integer, user_stacklevel
 from ._version import __version__
 
@@ -202,6 +203,8 @@ SAFE_PARAMS = {
     "learning_rate": _float_in(0, 10, low_open=True),
     "lr_decay": _float_in(0, 1, low_open=True),
     "lr_decay_steps": _int_in(1, MAX_STEPS, "auto"),
+    "lr_schedule": _one_of(*LR_SCHEDULES),
+    "lr_warmup_steps": _int_in(0, MAX_STEPS),
     "walker_weight": _float_in(0, MAX_WEIGHT),
     "visit_weight": _float_in(0, MAX_WEIGHT),
     "logit_weight": _float_in(0, MAX_WEIGHT),

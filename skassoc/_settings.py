@@ -122,6 +122,8 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         learning_rate=float(estimator.learning_rate),
         lr_decay=float(estimator.lr_decay),
         lr_decay_steps=_resolve_lr_decay_steps(estimator.lr_decay_steps, max_iter),
+        lr_schedule=estimator.lr_schedule,
+        lr_warmup_steps=_check_lr_warmup_steps(estimator.lr_warmup_steps, max_iter),
         walker_weight=float(estimator.walker_weight),
         visit_weight=float(estimator.visit_weight),
         logit_weight=float(estimator.logit_weight),
@@ -224,6 +226,16 @@ def _resolve_lr_decay_steps(lr_decay_steps, max_iter):
     if lr_decay_steps == "auto":
         return max(1, round(max_iter / 4))
     return lr_decay_steps
+
+
+def _check_lr_warmup_steps(lr_warmup_steps, max_iter):
+    if lr_warmup_steps >= max_iter:
+        raise ValueError(
+            f"lr_warmup_steps={lr_warmup_steps} leaves no step after the warm-up "
+            f"of a fit of max_iter={max_iter} steps; lower lr_warmup_steps below "
+            "max_iter."
+        )
+    return lr_warmup_steps
 
 
 def _resolve_l2_scale(l2_scale, network):

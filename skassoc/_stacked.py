@@ -70,6 +70,7 @@ from ._training import (
     _StepRunner,
     association_scale,
     make_optimizer,
+    make_scheduler,
 )
 from ._utils import user_stacklevel
 
@@ -268,9 +269,7 @@ def _train(models, batches, configs, device, streams, stacking):
     ]
     optimizer = make_optimizer(groups, config.learning_rate, device, use_graph)
     lr_tensors = [group["lr"] for group in optimizer.param_groups]
-    scheduler = torch.optim.lr_scheduler.StepLR(
-        optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
-    )
+    scheduler = make_scheduler(optimizer, config)
     step = _StackedStep(candidates, batches, optimizer, configs, device)
     run_step = _StepRunner(step, device, streams, use_graph)
     log = _StackedLog(step, config)

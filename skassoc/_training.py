@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 LOSS_NAMES = ("total", "walker", "visit", "logit")
+#: The values of the estimator's ``lr_schedule`` (see LearningRateFactor).
+LR_SCHEDULES = ("step", "cosine")
 # Recorded only by fits with consistency_weight > 0.
 CONSISTENCY = "consistency"
 
@@ -57,6 +59,8 @@ class TrainingConfig:
     learning_rate: float
     lr_decay: float
     lr_decay_steps: int
+    lr_schedule: str
+    lr_warmup_steps: int
     walker_weight: float
     visit_weight: float
     logit_weight: float
@@ -326,6 +330,35 @@ def make_optimizer(groups, learning_rate, device, capturable):
     return torch.optim.Adam(groups, lr=learning_rate)
 
 
+class LearningRateFactor:
+    """The learning rate's multiplier at each (0-based) step of a run.
+
+    A linear warm-up over ``lr_warmup_steps`` steps, then ``"step"``: a factor
+    of ``lr_decay`` every ``lr_decay_steps`` steps (the paper's schedule), or
+    ``"cosine"``: half a cosine from 1 down to 0 at ``max_iter``. A class,
+    not a closure, so that it is one object to test and to read.
+    """
+
+    def __init__(self, config):
+        self.schedule = config.lr_schedule
+        self.warmup_steps = config.lr_warmup_steps
+        self.decay, self.decay_steps = config.lr_decay, config.lr_decay_steps
+        self.max_iter = config.max_iter
+
+    def __call__(self, step):
+        warmup = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+        if self.schedule == "cosine":
+            after_warmup = max(0, step - self.warmup_steps)
+            progress = after_warmup / max(1, self.max_iter - self.warmup_steps)
+            return warmup * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return warmup * self.decay ** (step // self.decay_steps)
+
+
+def make_scheduler(optimizer, config):
+    """torch's ``LambdaLR`` following :class:`LearningRateFactor`."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, LearningRateFactor(config))
+
+
 def _keep_lr_tensor(optimizer, lr_tensors):
     """Older torch schedulers replace a tensor lr by a new object; copy it back."""
     for group, lr in zip(optimizer.param_groups, lr_tensors, strict=True):
@@ -554,9 +587,7 @@ def _train(model, batches, config, device, streams, evaluate):
         _parameter_groups(model, config), config.learning_rate, device, use_graph
     )
     lr_tensors = [group["lr"] for group in optimizer.param_groups]
-    scheduler = torch.optim.lr_scheduler.StepLR(
-        optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay
-    )
+    scheduler = make_scheduler(optimizer, config)
     step = _AssociationStep(model, batches, optimizer, config, device)
     run_step = _StepRunner(step, device, streams, use_graph)
     log = _TrainingLog(step, config, evaluate)

@@ -441,6 +441,51 @@ def test_learning_rate_history_is_the_rate_of_the_logged_steps(fast_params, blob
     assert clf.history_["learning_rate"] == pytest.approx([1e-2, 5e-3, 2.5e-3, 1.25e-3])
 
 
+def test_cosine_schedule_warms_up_then_falls_to_zero(fast_params, blobs_semi):
+    X, y = blobs_semi
+    params = dict(max_iter=40, learning_rate=1e-2, lr_schedule="cosine")
+    clf = make_clf(fast_params, **params, lr_warmup_steps=10).fit(X, y)
+    rates = clf.history_["learning_rate"]
+    # Step 10 ends the warm-up at the full rate; then half a cosine, whose
+    # last step (40) runs at the rate of 29/30 of the way down.
+    assert rates[0] == pytest.approx(1e-2)
+    assert rates[1:] == sorted(rates[1:], reverse=True)
+    assert rates[-1] == pytest.approx(1e-2 * 0.5 * (1 + np.cos(np.pi * 29 / 30)))
+    # The warm-up started from a tenth of the rate and changed the fit.
+    warmed = make_clf(fast_params, **params, lr_warmup_steps=0).fit(X, y)
+    assert not np.allclose(warmed.predict_proba(X), clf.predict_proba(X))
+
+
+def test_step_schedule_factors_are_torchs_steplr():
+    from types import SimpleNamespace
+
+    from skassoc._training import LearningRateFactor
+
+    config = SimpleNamespace(
+        lr_schedule="step",
+        lr_warmup_steps=0,
+        lr_decay=0.33,
+        lr_decay_steps=7,
+        max_iter=30,
+    )
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    reference = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.33)
+    factor = LearningRateFactor(config)
+    for step in range(30):
+        assert factor(step) == pytest.approx(reference.get_last_lr()[0])
+        optimizer.step()
+        reference.step()
+
+
+def test_a_warm_up_as_long_as_the_fit_is_refused(fast_params, blobs_semi):
+    X, y = blobs_semi
+    clf = make_clf(fast_params, max_iter=20, lr_warmup_steps=20)
+    with pytest.raises(ValueError, match="lr_warmup_steps=20 leaves no step"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "classes_")
+
+
 def test_association_off_until_delay(fast_params, blobs_semi):
     """With association_delay >= max_iter only the classification loss trains."""
     X, y = blobs_semi

@@ -45,6 +45,19 @@ def test_consistency_is_improved_plus_the_consistency_loss():
     assert consistency == improved
 
 
+def test_fast_is_consistency_in_fewer_larger_steps_on_a_cosine():
+    consistency, fast = recipe_params("consistency"), recipe_params("fast")
+    assert fast.pop("max_iter") < consistency.pop("max_iter")
+    assert fast.pop("unlabeled_batch_size") > consistency.pop("unlabeled_batch_size")
+    assert fast.pop("lr_schedule") == "cosine"
+    assert 0 < fast.pop("lr_warmup_steps")
+    assert fast.pop("learning_rate") > consistency.pop("learning_rate")
+    assert (fast.pop("precision"), fast.pop("compile")) == ("bf16", True)
+    # The step schedule's parameters would be unused: the recipe leaves them out.
+    del consistency["lr_decay"], consistency["lr_decay_steps"]
+    assert fast == consistency
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_trains_on_small_images(name, torch_single_thread):
     X, y = load_digits(return_X_y=True)
@@ -57,6 +70,10 @@ def test_every_recipe_trains_on_small_images(name, torch_single_thread):
         "max_iter": 2,
         "lr_decay_steps": 1,
         "unlabeled_batch_size": 50,
+        # Compiling takes longer than the fit on a CPU (tests of its own
+        # cover it); a warm-up must end within the two steps.
+        "compile": False,
+        "lr_warmup_steps": min(1, recipe_params(name).get("lr_warmup_steps", 0)),
     }
     clf = SemiSupervisedAssociationClassifier(**params, device="cpu", random_state=0)
     clf.fit(X, y_semi)
@@ -65,7 +82,7 @@ def test_every_recipe_trains_on_small_images(name, torch_single_thread):
     assert np.isfinite(clf.history_["total"]).all()
     # The two steps changed the weights it started from.
     untrained = SemiSupervisedAssociationClassifier(
-        **{**params, "max_iter": 1, "learning_rate": 1e-12},
+        **{**params, "max_iter": 1, "learning_rate": 1e-12, "lr_warmup_steps": 0},
         device="cpu",
         random_state=0,
     ).fit(X, y_semi)
