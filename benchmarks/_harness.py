@@ -147,6 +147,18 @@ def mnist_home(data_home=None):
     return data_home
 
 
+def mnist_semi(args, label_seed, n_train=None):
+    """MNIST's first ``n_train`` training images (all by default) with 10
+    labels a class drawn with ``label_seed``: ``X, y_semi, X_test, y_test``."""
+    from skassoc.datasets import load_mnist, make_semi_supervised_labels
+
+    home = mnist_home(args.data_home)
+    X, y = load_mnist("train", data_home=home, return_X_y=True)
+    X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+    y_semi = make_semi_supervised_labels(y[:n_train], 10, random_state=label_seed)
+    return X[:n_train], y_semi, X_test, y_test
+
+
 def resolve_device(name):
     """The torch device of ``--device``; "auto" is a GPU when torch sees one."""
     import torch
@@ -412,14 +424,42 @@ def _fit_run(signature, config, fit, data, device, results):
 def _save(results, args, render, write=True):
     if write:
         write_json(args.json, results)
-    text = render(results)
+    write_table(args, render(results))
+    return results
+
+
+def write_table(args, text):
+    """Print ``text`` and write it, with a final newline, to ``--table``."""
     if args.table:
         write_text(args.table, text + "\n")
-    print(f"{text}\n\nwrote {args.json}" + (f", {args.table}" if args.table else ""))
+    print(f"{text}\n\nresults {args.json}, table {args.table}")
+
+
+def measure_main(args, measure, render):
+    """For the scripts without cases: ``measure(args)`` written to ``--json``
+    (read from it with ``--render-only``), then ``render(results)``, unless
+    None, to ``--table``."""
+    if args.render_only:
+        results = load_json(args.json)
+    else:
+        results = measure(args)
+        write_json(args.json, results)
+    text = render(results)
+    if text is not None:
+        write_table(args, text)
     return results
 
 
 # -------------------------------------------------------------- estimator
+
+
+def timed(function, device):
+    """``function()`` and its wall seconds, the GPU's queued work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = function()
+    synchronize(device)
+    return result, time.perf_counter() - start
 
 
 def timed_fit(X, y, params, device, **fit_params):
@@ -427,11 +467,7 @@ def timed_fit(X, y, params, device, **fit_params):
     from skassoc import SemiSupervisedAssociationClassifier
 
     clf = SemiSupervisedAssociationClassifier(**params)
-    synchronize(device)
-    start = time.perf_counter()
-    clf.fit(X, y, **fit_params)
-    synchronize(device)
-    return clf, time.perf_counter() - start
+    return timed(lambda: clf.fit(X, y, **fit_params), device)
 
 
 def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
@@ -491,14 +527,15 @@ def scores(y_true, y_pred):
 # ----------------------------------------------------------------- tables
 
 
-def rst_table(header, cells):
-    """A reStructuredText simple table, the first column left-aligned."""
+def rst_table(header, cells, right=True, sep="  "):
+    """A reStructuredText simple table, the first column left-aligned and the
+    others right-aligned (left-aligned without ``right``)."""
     widths = [max(len(str(r[i])) for r in [header, *cells]) for i in range(len(header))]
-    border = "  ".join("=" * w for w in widths)
+    border = sep.join("=" * w for w in widths)
 
     def line(values):
-        return "  ".join(
-            str(v).ljust(w) if i == 0 else str(v).rjust(w)
+        return sep.join(
+            str(v).rjust(w) if i and right else str(v).ljust(w)
             for i, (v, w) in enumerate(zip(values, widths))
         ).rstrip()
 
