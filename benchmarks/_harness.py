@@ -65,9 +65,6 @@ class Case:
         return self.label_draw, 1000 * draw + self.label_draw
 
 
-# ------------------------------------------------------------- provenance
-
-
 def device_description(device):
     """The GPU's name, or the CPU model and its number of logical CPUs."""
     import torch
@@ -136,15 +133,9 @@ def environment(device):
 def mnist_home(data_home=None):
     """The MNIST folder: ``data_home``, $SKASSOC_MNIST_DIR or a shared/ copy;
     None leaves it to :func:`skassoc.datasets.load_mnist`."""
-    for candidate in (
-        data_home,
-        os.environ.get("SKASSOC_MNIST_DIR"),
-        REPO_ROOT.parent / "shared" / "data" / "mnist",
-        REPO_ROOT / "shared" / "data" / "mnist",
-    ):
-        if candidate and Path(candidate).is_dir():
-            return str(candidate)
-    return data_home
+    candidates = [data_home, os.environ.get("SKASSOC_MNIST_DIR")]
+    candidates += [root / "shared/data/mnist" for root in (REPO_ROOT.parent, REPO_ROOT)]
+    return next((str(c) for c in candidates if c and Path(c).is_dir()), data_home)
 
 
 def mnist_semi(args, label_seed, n_train=None):
@@ -182,9 +173,6 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-# ------------------------------------------------------------------ files
-
-
 def write_text(path, text):
     """Write ``text`` atomically (a reader never sees half a file)."""
     path = Path(path)
@@ -200,9 +188,6 @@ def write_json(path, data):
 
 def load_json(path):
     return json.loads(Path(path).read_text())
-
-
-# ----------------------------------------------------------------- parser
 
 
 def make_parser(description, stem, cases=True):
@@ -251,9 +236,6 @@ def parse(parser, argv=None):
     if args.table is None and not args.shard:
         args.table = str(Path(args.json).with_suffix(".rst"))
     return args
-
-
-# ------------------------------------------------------------------- runs
 
 
 def signature_of(config):
@@ -450,9 +432,6 @@ def measure_main(args, measure, render):
     return results
 
 
-# -------------------------------------------------------------- estimator
-
-
 def timed(function, device):
     """``function()`` and its wall seconds, the GPU's queued work included."""
     synchronize(device)
@@ -484,12 +463,9 @@ def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
         # Rounded: 100 * (1 - accuracy) carries float noise (0.8399...).
         errors = [round(100.0 * (1.0 - s), 6) for s in clf.history_["validation_score"]]
         lowest = int(np.argmin(errors))
-        out.update(
-            test_error_steps=steps,
-            test_errors_percent=errors,
-            lowest_test_error_percent=errors[lowest],
-            lowest_test_error_step=steps[lowest],
-        )
+        out.update(test_error_steps=steps, test_errors_percent=errors)
+        out["lowest_test_error_percent"] = errors[lowest]
+        out["lowest_test_error_step"] = steps[lowest]
     start = time.perf_counter()
     predicted = clf.predict(X_test)
     out["eval_seconds"] = time.perf_counter() - start
@@ -522,9 +498,6 @@ def scores(y_true, y_pred):
         "most_confused": confused,
         "most_confused_indices": indices,
     }
-
-
-# ----------------------------------------------------------------- tables
 
 
 def rst_table(header, cells, right=True, sep="  "):
@@ -573,6 +546,16 @@ def finished_runs(row, runs):
     ]
 
 
+def row_start(row, done):
+    """A row's first cells: its title, labels and finished (of planned) runs."""
+    n = len(done)
+    return [
+        row["title"],
+        row["labels"],
+        str(n) if n == row["draws"] else f"{n}/{row['draws']}",
+    ]
+
+
 def median_cell(values):
     return fmt(float(np.median(values)) if len(values) else None)
 
@@ -600,20 +583,10 @@ def table_cells(rows, runs):
         done = finished_runs(row, runs)
         errors = [r["test_error_percent"] for r in done]
         seconds = [r["fit_seconds"] for r in done]
-        n = len(done)
-        cells.append(
-            [
-                row["title"],
-                row["labels"],
-                str(n) if n == row["draws"] else f"{n}/{row['draws']}",
-                median_cell(errors),
-                interval_cell(errors),
-                fmt(float(np.std(errors, ddof=1)) if n > 1 else None),
-                range_cell(errors),
-                row["paper"] or "n/a",
-                fmt(float(np.median(seconds)), 1) if n else "n/a",
-            ]
-        )
+        std = fmt(float(np.std(errors, ddof=1)) if len(done) > 1 else None)
+        stats = [median_cell(errors), interval_cell(errors), std, range_cell(errors)]
+        fit_s = fmt(float(np.median(seconds)), 1) if done else "n/a"
+        cells.append([*row_start(row, done), *stats, row["paper"] or "n/a", fit_s])
     return cells
 
 
@@ -676,12 +649,8 @@ def render_parts(results, title, notes, parts):
     if ok:
         header = ["Run (part/setting/labels/draw)", "Error %", "Fit s", "Steps"]
         cells = [
-            [
-                r["key"],
-                f"{r['test_error_percent']:.2f}",
-                f"{r['fit_seconds']:.1f}",
-                str(r.get("n_iter", "")),
-            ]
+            [r["key"], f"{r['test_error_percent']:.2f}", f"{r['fit_seconds']:.1f}"]
+            + [str(r.get("n_iter", ""))]
             for r in ok
         ]
         out += [".. rubric:: Per-run results", "", rst_table(header, cells), ""]

@@ -24,6 +24,7 @@ Quick check on a CPU::
         --json /tmp/m.json
 """
 
+import functools
 import time
 
 import _harness as h
@@ -166,7 +167,7 @@ CASES = list(_cases())
 
 
 class Data:
-    """MNIST arrays and PCA features, loaded or computed once."""
+    """MNIST arrays (``--train-subset``, ``--eval-subset``) and PCA features."""
 
     def __init__(self, args):
         home = h.mnist_home(args.data_home)
@@ -176,28 +177,27 @@ class Data:
             rng = np.random.RandomState(SUBSET_SEED)
             keep = np.sort(rng.choice(len(y_train), args.train_subset, replace=False))
             x_train, y_train = x_train[keep], y_train[keep]
-        if args.eval_subset:
-            x_test, y_test = x_test[: args.eval_subset], y_test[: args.eval_subset]
         self.x_train, self.y_train = x_train, y_train
-        self.x_test, self.y_test = x_test, y_test
-        self._pca = None
-        self.meta = dict(n_train=len(y_train), n_eval=len(y_test))
+        self.x_test, self.y_test = (
+            x_test[: args.eval_subset],
+            y_test[: args.eval_subset],
+        )
+        self.meta = dict(n_train=len(y_train), n_eval=len(self.y_test))
         self.meta.update(
             max_iter_override=args.max_iter, train_subset=args.train_subset
         )
 
+    @functools.cached_property
     def pca_features(self):
         """PCA of pixels/255, fitted on the training images without labels."""
         from sklearn.decomposition import PCA
 
-        if self._pca is None:
-            pca = PCA(PCA_COMPONENTS, svd_solver="randomized", random_state=0)
-            train, test = (
-                x.reshape(len(x), -1).astype(np.float32) / 255.0
-                for x in (self.x_train, self.x_test)
-            )
-            self._pca = (pca.fit_transform(train), pca.transform(test))
-        return self._pca
+        pca = PCA(PCA_COMPONENTS, svd_solver="randomized", random_state=0)
+        train, test = (
+            x.reshape(len(x), -1).astype(np.float32) / 255.0
+            for x in (self.x_train, self.x_test)
+        )
+        return pca.fit_transform(train), pca.transform(test)
 
 
 def training_set(fit_on, x_train, y_semi):
@@ -239,7 +239,7 @@ def fit(config, data, device):
     from sklearn.linear_model import LogisticRegression
     from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
 
-    train, test = data.pca_features()
+    train, test = data.pca_features
     if config["method"] == "label_spreading":
         model = LabelSpreading(**LABEL_SPREADING, n_jobs=-1)
     else:
@@ -331,20 +331,12 @@ def checkpoint_cells(rows, runs):
         last = [r["test_error_percent"] for r in done]
         lowest = [r["lowest_test_error_percent"] for r in done]
         steps = [r["lowest_test_error_step"] for r in done]
-        n = len(done)
-        cells.append(
-            [
-                row["title"],
-                row["labels"],
-                str(n) if n == row["draws"] else f"{n}/{row['draws']}",
-                h.median_cell(last),
-                h.range_cell(last),
-                h.median_cell(lowest),
-                h.range_cell(lowest),
-                f"{np.median(steps):.0f}" if steps else "n/a",
-                row["paper"] or "n/a",
-            ]
-        )
+        cells.append(h.row_start(row, done) + [h.median_cell(last), h.range_cell(last)])
+        cells[-1] += [h.median_cell(lowest), h.range_cell(lowest)]
+        cells[-1] += [
+            f"{np.median(steps):.0f}" if steps else "n/a",
+            row["paper"] or "n/a",
+        ]
     return cells
 
 
