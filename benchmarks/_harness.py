@@ -238,12 +238,6 @@ def parse(parser, argv=None):
     return args
 
 
-def signature_of(config):
-    """Short hash of a run's configuration: equal hashes, identical runs."""
-    text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
 def scaled_schedule(params, max_iter):
     """``params`` trained for ``max_iter`` steps, the decay interval scaled alike."""
     params = dict(params)
@@ -262,15 +256,9 @@ def config_of(case, draw, args, device_type, common):
         if args.max_iter is not None:
             params = scaled_schedule(params, args.max_iter)
         params.update(device=device_type, random_state=seed)
-    return {
-        "method": case.method,
-        "params": params,
-        "labels": case.labels,
-        "label_seed": label_seed,
-        "fit_on": case.fit_on,
-        **case.options,
-        **common,
-    }
+    config = dict(method=case.method, params=params, labels=case.labels)
+    config.update(label_seed=label_seed, fit_on=case.fit_on)
+    return {**config, **case.options, **common}
 
 
 def plan(cases, args, device_type, common):
@@ -282,7 +270,9 @@ def plan(cases, args, device_type, common):
         draws = args.draws or case.draws
         keys = [f"{case.name}/{d}" for d in range(draws)]
         configs = [config_of(case, d, args, device_type, common) for d in range(draws)]
-        signatures = [signature_of(c) for c in configs]
+        # Short hashes of the configurations: equal hashes, identical runs.
+        texts = [json.dumps(c, sort_keys=True, default=str).encode() for c in configs]
+        signatures = [hashlib.sha1(text).hexdigest()[:16] for text in texts]
         for key, config, signature in zip(keys, configs, signatures, strict=True):
             job = jobs.setdefault(signature, {"config": config, "keys": []})
             job["keys"].append(key)
@@ -292,25 +282,15 @@ def plan(cases, args, device_type, common):
     return rows, jobs
 
 
-def keep_better_run(current, candidate):
-    """Of two records of one run, a finished one, then the one started last."""
-    records = [r for r in (candidate, current) if r is not None]
-    return max(records, key=lambda r: (r.get("status") == "ok", r.get("started", "")))
-
-
 def merge_rows(rows, new_rows, prefer_new=False):
     """Rows of both lists, one per (part, setting, labels): the new one with
     ``prefer_new``, else the one with more draws."""
-    rows = list(rows)
-    seen = {(r["part"], r["setting"], r["labels"]): i for i, r in enumerate(rows)}
+    merged = {(r["part"], r["setting"], r["labels"]): r for r in rows}
     for row in new_rows:
-        ident = (row["part"], row["setting"], row["labels"])
-        if ident not in seen:
-            seen[ident] = len(rows)
-            rows.append(row)
-        elif prefer_new or row["draws"] > rows[seen[ident]]["draws"]:
-            rows[seen[ident]] = row
-    return rows
+        old = merged.get((row["part"], row["setting"], row["labels"]))
+        if old is None or prefer_new or row["draws"] > old["draws"]:
+            merged[row["part"], row["setting"], row["labels"]] = row
+    return list(merged.values())
 
 
 def merge(paths):
@@ -320,7 +300,11 @@ def merge(paths):
         old = load_json(path)
         metas.append(old.get("meta", {}))
         for key, record in old.get("runs", {}).items():
-            runs[key] = keep_better_run(runs.get(key), record)
+            # Of two records of one run, a finished one, then the later one.
+            records = [r for r in (record, runs.get(key)) if r is not None]
+            runs[key] = max(
+                records, key=lambda r: (r.get("status") == "ok", r.get("started", ""))
+            )
         rows = merge_rows(rows, old.get("rows", []))
     meta = {**(metas[0] if metas else {}), "merged_from": list(map(str, paths))}
     return {"meta": {**meta, "shards": metas}, "rows": rows, "runs": runs}
@@ -375,12 +359,10 @@ def main(cases, args, fit, render, load_data, common=None):
             if old.get("signature") == signature and old.get("status") == "ok":
                 continue
             part, setting, labels, draw = key.rsplit("/", 3)
-            runs[key] = {
-                **copy.deepcopy(source),
-                **dict(key=key, part=part, setting=setting, labels=labels),
-                "draw": int(draw),
-                "shared_with": [k for k in keys if k != key],
-            }
+            ident = dict(key=key, part=part, setting=setting, labels=labels)
+            shared = [k for k in keys if k != key]
+            runs[key] = copy.deepcopy(source) | ident | {"draw": int(draw)}
+            runs[key]["shared_with"] = shared
         write_json(json_path, results)
     results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     return _save(results, args, render)
