@@ -1,39 +1,23 @@
 """What a user gets with default parameters, against scikit-learn's methods.
 
-Every data set is split into a training set (a few labels per class, the
-rest unlabeled) and a test set; every method is fitted on the SAME label
-draws and scored on the test set:
+Every method is fitted on the same label draws of each data set and scored
+on its test set (the official one, else a stratified 30 %): ``skassoc``
+(``SemiSupervisedAssociationClassifier()``, only ``device`` and
+``random_state`` set; images as ``(n, h, w)`` / ``(n, c, h, w)`` arrays),
+``skassoc-labeled`` (the same on the labeled samples only),
+``label-spreading`` (knn, ``n_neighbors`` and ``alpha`` the best of a small
+grid on other label draws than the reported ones), ``self-training-lr`` and
+``self-training-hgb`` (``SelfTrainingClassifier`` around
+``LogisticRegression`` and ``HistGradientBoostingClassifier``) and
+``mlp-labeled`` (``MLPClassifier`` on the labeled samples only); the
+baselines see flat, standardised columns. Torch runs on one thread. A class
+with no more samples than the labels asked for is labeled whole. MNIST trains
+on a fixed 10,000-image subset on a CPU (all 60,000 on a GPU).
 
-- ``skassoc``: ``SemiSupervisedAssociationClassifier()`` with default
-  parameters (only ``device`` and ``random_state`` set), on images as
-  ``(n, h, w)`` / ``(n, c, h, w)`` arrays or on feature columns;
-- ``skassoc-labeled``: the same estimator fitted on the labeled samples only;
-- ``label-spreading``: ``LabelSpreading(kernel="knn")`` on standardised
-  features, ``n_neighbors`` and ``alpha`` the best of a small grid on other
-  label draws (``TUNING_DRAWS``) than the reported ones;
-- ``self-training-lr`` / ``self-training-hgb``: ``SelfTrainingClassifier``
-  around ``LogisticRegression`` (standardised features) and
-  ``HistGradientBoostingClassifier``;
-- ``mlp-labeled``: ``MLPClassifier`` on the labeled samples only.
-
-Reported: median test accuracy over the draws, the worst draw, and the
-median fit time. Torch runs on one thread (``torch.set_num_threads(1)``).
-
-Run ``python benchmarks/bench_defaults.py --only digits --labels 5 --methods
-skassoc label-spreading`` for a first look at the sklearn digits (well under a
-minute; ``self-training-hgb`` alone takes about 25 s a fit there), or
-without options for the whole suite. Results are appended to
-``benchmarks/results/defaults_<device>.json`` (runs already there are
-skipped, so an interrupted suite resumes) and rendered to
-``defaults_<device>.rst`` (``--render-only``: from the JSON alone); each run
-records the machine it ran on.
-
-Images are passed as ``(n, h, w)`` arrays (``-8x8``, ``-16x16`` sets) and
-tabular sets as columns; the baselines always see flat standardised columns.
-Sets without an official test split hold out a stratified 30 %; a class with
-no more samples than the labels asked for is labeled whole. MNIST trains on a
-fixed 10,000-image subset on a CPU (all 60,000 on a GPU) and tests on the
-official 10,000; the synthetic colour digits are 5,000 images of 16x16.
+Runs are added to ``benchmarks/results/defaults_<device>.json`` (those there
+are skipped, so an interrupted suite resumes), each with its machine. A
+first look, well under a minute: ``--only digits --labels 5 --methods
+skassoc label-spreading``.
 """
 
 import json

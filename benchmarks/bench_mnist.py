@@ -163,9 +163,6 @@ def _cases():
 CASES = list(_cases())
 
 
-# ------------------------------------------------------------------- runs
-
-
 class Data:
     """MNIST arrays (``--train-subset``, ``--eval-subset``) and PCA features."""
 
@@ -177,13 +174,11 @@ class Data:
             rng = np.random.RandomState(SUBSET_SEED)
             keep = np.sort(rng.choice(len(y_train), args.train_subset, replace=False))
             x_train, y_train = x_train[keep], y_train[keep]
+        test = slice(args.eval_subset or None)
         self.x_train, self.y_train = x_train, y_train
-        self.x_test, self.y_test = (
-            x_test[: args.eval_subset],
-            y_test[: args.eval_subset],
-        )
+        self.x_test, self.y_test = x_test[test], y_test[test]
         self.meta = dict(n_train=len(y_train), n_eval=len(self.y_test))
-        self.meta.update(
+        self.meta |= dict(
             max_iter_override=args.max_iter, train_subset=args.train_subset
         )
 
@@ -223,12 +218,10 @@ def training_set(fit_on, x_train, y_semi):
 
 def fit(config, data, device):
     """Train and evaluate one run of ``config``; return its measurements."""
-    per_class = LABELS_PER_CLASS[config["labels"]]
+    per_class, seed = LABELS_PER_CLASS[config["labels"]], config["label_seed"]
     y_semi = data.y_train.copy()
     if per_class is not None:
-        y_semi = make_semi_supervised_labels(
-            data.y_train, per_class, random_state=config["label_seed"]
-        )
+        y_semi = make_semi_supervised_labels(data.y_train, per_class, random_state=seed)
     out = {"n_train": len(y_semi), "n_labeled": int(np.sum(y_semi != -1))}
     if config["method"] == "skassoc":
         x_fit, y_fit = training_set(config["fit_on"], data.x_train, y_semi)
@@ -252,9 +245,6 @@ def fit(config, data, device):
     return {**out, **h.scores(data.y_test, model.predict(test))}
 
 
-# ----------------------------------------------------------------- tables
-
-
 def errors_by_draw(row, runs):
     return {r["draw"]: r["test_error_percent"] for r in h.finished_runs(row, runs)}
 
@@ -272,20 +262,14 @@ def draws_below(errors, paper):
     return paired, f"{sum(errors[d] < paper[d] for d in paired)}/{len(paired)}"
 
 
+#: The recipes' and the ablations' own columns go before "Paper".
 AT = h.TABLE_HEADER.index("Paper")
-RECIPE_HEADER = [
-    *h.TABLE_HEADER[:AT],
-    f"Median, draws 0-{SELECTION_DRAWS - 1}",
-    f"Median, draws {SELECTION_DRAWS}+",
-    f'Draws {SELECTION_DRAWS}+ better than "paper"',
-    *h.TABLE_HEADER[AT:],
-]
-ABLATION_HEADER = [
-    *h.TABLE_HEADER[:AT],
-    '"paper", same draws',
-    'Draws below "paper"',
-    *h.TABLE_HEADER[AT:],
-]
+RECIPE_COLUMNS = [f"Median, draws 0-{SELECTION_DRAWS - 1}"]
+RECIPE_COLUMNS += [f"Median, draws {SELECTION_DRAWS}+"]
+RECIPE_COLUMNS += [f'Draws {SELECTION_DRAWS}+ better than "paper"']
+RECIPE_HEADER = h.TABLE_HEADER[:AT] + RECIPE_COLUMNS + h.TABLE_HEADER[AT:]
+ABLATION_COLUMNS = ['"paper", same draws', 'Draws below "paper"']
+ABLATION_HEADER = h.TABLE_HEADER[:AT] + ABLATION_COLUMNS + h.TABLE_HEADER[AT:]
 CHECKPOINT_HEADER = ["Setting", "Labels", "Runs", "Last: median", "Last: min-max"]
 CHECKPOINT_HEADER += ["Lowest: median", "Lowest: min-max", "Step of lowest (median)"]
 CHECKPOINT_HEADER += ["Paper"]
@@ -331,12 +315,10 @@ def checkpoint_cells(rows, runs):
         last = [r["test_error_percent"] for r in done]
         lowest = [r["lowest_test_error_percent"] for r in done]
         steps = [r["lowest_test_error_step"] for r in done]
-        cells.append(h.row_start(row, done) + [h.median_cell(last), h.range_cell(last)])
-        cells[-1] += [h.median_cell(lowest), h.range_cell(lowest)]
-        cells[-1] += [
-            f"{np.median(steps):.0f}" if steps else "n/a",
-            row["paper"] or "n/a",
-        ]
+        stats = [h.median_cell(last), h.range_cell(last)]
+        stats += [h.median_cell(lowest), h.range_cell(lowest)]
+        step = f"{np.median(steps):.0f}" if steps else "n/a"
+        cells.append([*h.row_start(row, done), *stats, step, row["paper"] or "n/a"])
     return cells
 
 
@@ -448,11 +430,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    common = {
-        "train_subset": args.train_subset,
-        "train_subset_seed": SUBSET_SEED if args.train_subset else None,
-        "eval_subset": args.eval_subset,
-    }
+    seed = SUBSET_SEED if args.train_subset else None
+    common = dict(train_subset=args.train_subset, train_subset_seed=seed)
+    common["eval_subset"] = args.eval_subset
     return h.main(CASES, args, fit, render, Data, common)
 
 

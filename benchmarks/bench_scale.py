@@ -1,32 +1,21 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
-Three sections on MNIST with the paper's recipe (100 labels):
-
-``search``
-    ``GridSearchCV`` over 8 candidates (2 x 2 x 2 of ``visit_weight``,
-    ``walker_weight``, ``learning_rate``), one fixed split (train on the
-    training images, score on the test images), ``--search-steps`` steps a
-    fit: one after another, then in 8 threads (``joblib``'s threading
-    backend; each fit on a CUDA stream of its own); ``--search-modes`` adds
-    ``processes``. Wall time of ``search.fit`` and the speed-up.
-``batch``
-    Unlabeled batches of ``--unlabeled-sizes`` images: ms per step of a fit of
-    ``--batch-steps`` steps less a fit of 3 steps, after a warm-up fit of the
-    same shape, and the fit's peak GPU memory.
-``memmap``
-    A pool of ``--pool-size`` images (MNIST's training images repeated, each
-    copy rolled by up to two pixels) in a ``numpy.memmap`` on disk, plus the
-    100 labeled images: ms per step against the training images in memory,
-    the growth of the process's private memory (``RssAnon`` sampled every
-    5 ms) during the fit, its peak resident set, peak GPU memory.
-
-Run (``--only SECTION`` for one; the JSON keeps the sections not run), and
-the table (section ``batch``) from ``benchmarks/results/scale_cuda.json``::
+Three sections (``--only SECTION``; the JSON keeps the others) on MNIST with
+100 labels and the paper's recipe. ``search``: ``GridSearchCV`` over 8
+candidates on one fixed split (train on the training images, score on the
+test images), fitted one after another, then in 8 threads (``joblib``'s
+threading backend) or processes (``--search-modes``). ``batch``: ms a step
+with unlabeled batches of ``--unlabeled-sizes`` images (a fit less a 3-step
+fit of the same shape, after a warm-up fit) and the peak GPU memory.
+``memmap``: a pool of ``--pool-size`` images (the training images repeated,
+each copy rolled by up to two pixels) in a memory-mapped file: ms a step
+against the images in memory, and the growth of the process's private memory
+(``RssAnon`` sampled every 5 ms) during the fit.
 
     python benchmarks/bench_scale.py --device cuda
     python benchmarks/bench_scale.py --device cpu --only memmap \\
         --memmap-steps 20 --pool-size 200000 --json /tmp/scale.json
-    python benchmarks/bench_scale.py --device cuda --render-only
+    python benchmarks/bench_scale.py --device cuda --render-only  # ``batch``
 """
 
 import contextlib

@@ -1,37 +1,18 @@
 """A loss-weight search of 8 candidates on one GPU: one after another vs stacked.
 
-What is measured, in one run (MNIST, the paper's recipe shortened to
-``--steps`` steps with the learning-rate decay at the same fractions, 100
-labels drawn with ``make_semi_supervised_labels(y, 10, random_state=seed)``,
-one ``random_state`` for every fit):
+MNIST with 100 labels, the paper's recipe shortened to ``--steps`` steps (the
+decay at the same fractions), one ``random_state`` for every fit, each timing
+after an untimed warm-up fit and covering all of ``fit`` (input checks, copy
+to the device, CUDA-graph capture): (a) the 8 candidates (``walker_weight`` x
+``visit_weight``) fitted one after another; (b) the same trained together by
+:func:`skassoc._stacked.fit_candidates`, once per stacking, each with the
+initial weights and batches of its separate fit, so that its test error
+matches (a)'s within GPU rounding; (c) the ceiling, one fit whose batches are
+8 times larger: ``8 x (mean fit of (a)) / (its time)`` is the speed-up that
+stacking would reach if 8 candidates ran as efficiently as one network on an
+8-fold batch.
 
-(a) **serial**: the 8 candidates (``walker_weight`` x ``visit_weight``) each
-    fitted on its own, one after another, after one untimed warm-up fit
-    (CUDA init, cuDNN autotuning). The figure is the sum of the 8 ``fit``
-    wall times.
-(b) **stacked**: the same 8 candidates trained together by
-    :func:`skassoc._stacked.fit_candidates`, once per stacking
-    (``streams``, ``vmap``), each after an untimed short warm-up; the
-    figure is the wall time of that one call. Every candidate gets the
-    initial weights and batches its separate fit gets, so its test error
-    should match (a)'s within the noise of GPU rounding.
-(c) **ceiling**: what the GPU gives this network at best when it computes
-    8 times the work of one fit in one go: the wall time of ONE fit whose
-    labeled and unlabeled batches are 8 times as large (80 labeled images a
-    class, 800 unlabeled), same steps. ``ceiling speed-up = 8 x (mean wall
-    of one fit of (a)) / (wall of that fit)``: the speed-up that stacking
-    would reach if 8 candidates ran as efficiently as one network on an
-    8-fold batch (dense kernels, no per-candidate overhead; its walker
-    matrices are 64 times larger, which costs little at these sizes).
-
-Test errors are on the 10,000 MNIST test images; the fits' wall times
-include everything ``fit`` does (input checks, the copy to the device, the
-CUDA-graph capture), evaluation excluded.
-
-Run (about 2 minutes on one H100 with 2,000 steps; the second line, tiny on a
-CPU, checks that it runs), and rewrite the table from the JSON::
-
-    python benchmarks/bench_search.py --device cuda --steps 2000
+    python benchmarks/bench_search.py --device cuda --steps 2000  # 2 min, H100
     python benchmarks/bench_search.py --device cpu --steps 5 --train-subset 2000
     python benchmarks/bench_search.py --render-only
 """
