@@ -70,10 +70,9 @@ def run_search(data, args, device):
             search.set_params(n_jobs=1 if mode == "serial" else 8)
         with backend:
             _, seconds = h.timed(lambda search=search: search.fit(X, y), device)
-        scores = search.cv_results_["mean_test_score"]
-        rows.append(dict(mode=mode, candidates=len(scores)))
-        rows[-1].update(steps_per_fit=args.search_steps, seconds=seconds)
-        rows[-1]["test_error_percent"] = [100 * (1 - s) for s in scores]
+        errors = [100 * (1 - s) for s in search.cv_results_["mean_test_score"]]
+        row = dict(mode=mode, candidates=len(errors), steps_per_fit=args.search_steps)
+        rows.append(row | {"seconds": seconds, "test_error_percent": errors})
         print(f"search {mode}: {seconds:.1f} s", flush=True)
     serial = next((r["seconds"] for r in rows if r["mode"] == "serial"), None)
     for row in rows:
@@ -132,10 +131,11 @@ def peak_private_growth(function):
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     try:
-        return function(), (peak - start) / 1024
+        result = function()
     finally:
         done.set()
         thread.join()
+    return result, (peak - start) / 1024
 
 
 def write_pool(path, X_train, labeled_images, pool_size, seed):
