@@ -66,9 +66,6 @@ METHODS += ("self-training-hgb", "mlp-labeled")
 TEST_SIZE = 0.3
 
 
-# ------------------------------------------------------------------ data sets
-
-
 def _csv(name, first=0):
     """Feature columns from ``first`` and the class (last) of a UCI CSV file."""
     data = np.loadtxt(DATA / "uci" / name, delimiter=",", skiprows=1, quotechar='"')
@@ -145,9 +142,6 @@ def draw_labels(y, labels_per_class, draw):
     return y_semi
 
 
-# -------------------------------------------------------------------- methods
-
-
 def _flat(X):
     return np.asarray(X, dtype=np.float64).reshape(len(X), -1)
 
@@ -192,9 +186,6 @@ def tune_spreading(X, X_test, y, y_test, labels_per_class):
         return float(np.mean(scores))
 
     return max(SPREADING_GRID, key=accuracy)  # the first of equals
-
-
-# ------------------------------------------------------------------ the suite
 
 
 def run_one(name, data, labels, method, draw, spreading, args):
@@ -248,25 +239,18 @@ def run_suite(args):
     return runs
 
 
-# ------------------------------------------------------------------ rendering
-
-
 def summarise(runs):
     """(dataset, labels) -> method -> (median accuracy, worst, median seconds)."""
-    groups = defaultdict(lambda: defaultdict(list))
+    groups = defaultdict(list)
     for run in runs:
-        groups[run["dataset"], run["labels"]][run["method"]].append(run)
-    return {
-        key: {
-            method: (
-                statistics.median(r["accuracy"] for r in rs),
-                min(r["accuracy"] for r in rs),
-                statistics.median(r["fit_seconds"] for r in rs),
-            )
-            for method, rs in by_method.items()
-        }
-        for key, by_method in groups.items()
-    }
+        groups[run["dataset"], run["labels"], run["method"]].append(run)
+    table = defaultdict(dict)
+    for (dataset, labels, method), group in groups.items():
+        accuracy = [r["accuracy"] for r in group]
+        median = statistics.median(accuracy)
+        seconds = statistics.median(r["fit_seconds"] for r in group)
+        table[dataset, labels][method] = median, min(accuracy), seconds
+    return table
 
 
 def render(runs, device):
@@ -284,24 +268,20 @@ def render(runs, device):
             median, worst, seconds = cells[method]
             text = f"{100 * median:.1f} ({100 * worst:.1f}) {seconds:.1f}s"
             rows[-1].append(f"**{text}**" if median == best else text)
+    grid = h.rst_table(["data set", "labels/class", *METHODS], rows, False, " ")
     machines = Counter(run.get("machine", "?") for run in runs)
-    where = "one GPU" if device == "cuda" else "a CPU"
-    return "\n".join(
-        [
-            f".. rubric:: Default parameters on {where}",
-            "",
-            "Median test accuracy in % over the label draws (worst draw in",
-            "parentheses) and median fit seconds, one torch thread; the best",
-            "median of each row in bold. Made by ``python benchmarks/bench_defaults.py",
-            f"--device {device}``.",
-            "",
-            h.rst_table(["data set", "labels/class", *METHODS], rows, False, " "),
-            "",
-            "Runs per machine (fit seconds compare within one machine only): "
-            + ", ".join(f"{name}: {n}" for name, n in sorted(machines.items()))
-            + ".",
-        ]
-    )
+    per_machine = ", ".join(f"{name}: {n}" for name, n in sorted(machines.items()))
+    return f"""\
+.. rubric:: Default parameters on {"one GPU" if device == "cuda" else "a CPU"}
+
+Median test accuracy in % over the label draws (worst draw in
+parentheses) and median fit seconds, one torch thread; the best
+median of each row in bold. Made by ``python benchmarks/bench_defaults.py
+--device {device}``.
+
+{grid}
+
+Runs per machine (fit seconds compare within one machine only): {per_machine}."""
 
 
 def main(argv=None):
