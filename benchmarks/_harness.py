@@ -403,6 +403,8 @@ def measure_main(args, measure, render):
     """For the scripts without cases: ``measure(args)`` written to ``--json``
     (read from it with ``--render-only``), then ``render(results)``, unless
     None, to ``--table``."""
+    if args.render_only and not Path(args.json).is_file():
+        raise SystemExit(f"error: --render-only needs the results {args.json}")
     if args.render_only:
         results = load_json(args.json)
     else:
