@@ -65,9 +65,6 @@ class Case:
         return self.label_draw, 1000 * draw + self.label_draw
 
 
-# ------------------------------------------------------------- provenance
-
-
 def device_description(device):
     """The GPU's name, or the CPU model and its number of logical CPUs."""
     import torch
@@ -136,15 +133,21 @@ def environment(device):
 def mnist_home(data_home=None):
     """The MNIST folder: ``data_home``, $SKASSOC_MNIST_DIR or a shared/ copy;
     None leaves it to :func:`skassoc.datasets.load_mnist`."""
-    for candidate in (
-        data_home,
-        os.environ.get("SKASSOC_MNIST_DIR"),
-        REPO_ROOT.parent / "shared" / "data" / "mnist",
-        REPO_ROOT / "shared" / "data" / "mnist",
-    ):
-        if candidate and Path(candidate).is_dir():
-            return str(candidate)
-    return data_home
+    candidates = [data_home, os.environ.get("SKASSOC_MNIST_DIR")]
+    candidates += [root / "shared/data/mnist" for root in (REPO_ROOT.parent, REPO_ROOT)]
+    return next((str(c) for c in candidates if c and Path(c).is_dir()), data_home)
+
+
+def mnist_semi(args, label_seed, n_train=None):
+    """MNIST's first ``n_train`` training images (all by default) with 10
+    labels a class drawn with ``label_seed``: ``X, y_semi, X_test, y_test``."""
+    from skassoc.datasets import load_mnist, make_semi_supervised_labels
+
+    home = mnist_home(args.data_home)
+    X, y = load_mnist("train", data_home=home, return_X_y=True)
+    X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+    y_semi = make_semi_supervised_labels(y[:n_train], 10, random_state=label_seed)
+    return X[:n_train], y_semi, X_test, y_test
 
 
 def resolve_device(name):
@@ -170,9 +173,6 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-# ------------------------------------------------------------------ files
-
-
 def write_text(path, text):
     """Write ``text`` atomically (a reader never sees half a file)."""
     path = Path(path)
@@ -188,9 +188,6 @@ def write_json(path, data):
 
 def load_json(path):
     return json.loads(Path(path).read_text())
-
-
-# ----------------------------------------------------------------- parser
 
 
 def make_parser(description, stem, cases=True):
@@ -241,15 +238,6 @@ def parse(parser, argv=None):
     return args
 
 
-# ------------------------------------------------------------------- runs
-
-
-def signature_of(config):
-    """Short hash of a run's configuration: equal hashes, identical runs."""
-    text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
 def scaled_schedule(params, max_iter):
     """``params`` trained for ``max_iter`` steps, the decay interval and the
     warm-up scaled alike."""
@@ -271,15 +259,9 @@ def config_of(case, draw, args, device_type, common):
         if args.max_iter is not None:
             params = scaled_schedule(params, args.max_iter)
         params.update(device=device_type, random_state=seed)
-    return {
-        "method": case.method,
-        "params": params,
-        "labels": case.labels,
-        "label_seed": label_seed,
-        "fit_on": case.fit_on,
-        **case.options,
-        **common,
-    }
+    config = dict(method=case.method, params=params, labels=case.labels)
+    config.update(label_seed=label_seed, fit_on=case.fit_on)
+    return {**config, **case.options, **common}
 
 
 def plan(cases, args, device_type, common):
@@ -291,7 +273,9 @@ def plan(cases, args, device_type, common):
         draws = args.draws or case.draws
         keys = [f"{case.name}/{d}" for d in range(draws)]
         configs = [config_of(case, d, args, device_type, common) for d in range(draws)]
-        signatures = [signature_of(c) for c in configs]
+        # Short hashes of the configurations: equal hashes, identical runs.
+        texts = [json.dumps(c, sort_keys=True, default=str).encode() for c in configs]
+        signatures = [hashlib.sha1(text).hexdigest()[:16] for text in texts]
         for key, config, signature in zip(keys, configs, signatures, strict=True):
             job = jobs.setdefault(signature, {"config": config, "keys": []})
             job["keys"].append(key)
@@ -301,25 +285,15 @@ def plan(cases, args, device_type, common):
     return rows, jobs
 
 
-def keep_better_run(current, candidate):
-    """Of two records of one run, a finished one, then the one started last."""
-    records = [r for r in (candidate, current) if r is not None]
-    return max(records, key=lambda r: (r.get("status") == "ok", r.get("started", "")))
-
-
 def merge_rows(rows, new_rows, prefer_new=False):
     """Rows of both lists, one per (part, setting, labels): the new one with
     ``prefer_new``, else the one with more draws."""
-    rows = list(rows)
-    seen = {(r["part"], r["setting"], r["labels"]): i for i, r in enumerate(rows)}
+    merged = {(r["part"], r["setting"], r["labels"]): r for r in rows}
     for row in new_rows:
-        ident = (row["part"], row["setting"], row["labels"])
-        if ident not in seen:
-            seen[ident] = len(rows)
-            rows.append(row)
-        elif prefer_new or row["draws"] > rows[seen[ident]]["draws"]:
-            rows[seen[ident]] = row
-    return rows
+        old = merged.get((row["part"], row["setting"], row["labels"]))
+        if old is None or prefer_new or row["draws"] > old["draws"]:
+            merged[row["part"], row["setting"], row["labels"]] = row
+    return list(merged.values())
 
 
 def merge(paths):
@@ -329,7 +303,11 @@ def merge(paths):
         old = load_json(path)
         metas.append(old.get("meta", {}))
         for key, record in old.get("runs", {}).items():
-            runs[key] = keep_better_run(runs.get(key), record)
+            # Of two records of one run, a finished one, then the later one.
+            records = [r for r in (record, runs.get(key)) if r is not None]
+            runs[key] = max(
+                records, key=lambda r: (r.get("status") == "ok", r.get("started", ""))
+            )
         rows = merge_rows(rows, old.get("rows", []))
     meta = {**(metas[0] if metas else {}), "merged_from": list(map(str, paths))}
     return {"meta": {**meta, "shards": metas}, "rows": rows, "runs": runs}
@@ -384,12 +362,10 @@ def main(cases, args, fit, render, load_data, common=None):
             if old.get("signature") == signature and old.get("status") == "ok":
                 continue
             part, setting, labels, draw = key.rsplit("/", 3)
-            runs[key] = {
-                **copy.deepcopy(source),
-                **dict(key=key, part=part, setting=setting, labels=labels),
-                "draw": int(draw),
-                "shared_with": [k for k in keys if k != key],
-            }
+            ident = dict(key=key, part=part, setting=setting, labels=labels)
+            shared = [k for k in keys if k != key]
+            runs[key] = copy.deepcopy(source) | ident | {"draw": int(draw)}
+            runs[key]["shared_with"] = shared
         write_json(json_path, results)
     results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     return _save(results, args, render)
@@ -415,14 +391,41 @@ def _fit_run(signature, config, fit, data, device, results):
 def _save(results, args, render, write=True):
     if write:
         write_json(args.json, results)
-    text = render(results)
-    if args.table:
-        write_text(args.table, text + "\n")
-    print(f"{text}\n\nwrote {args.json}" + (f", {args.table}" if args.table else ""))
+    write_table(args, render(results))
     return results
 
 
-# -------------------------------------------------------------- estimator
+def write_table(args, text):
+    """Print ``text`` and write it, with a final newline, to ``--table``."""
+    if args.table:
+        write_text(args.table, text + "\n")
+    print(f"{text}\n\nresults {args.json}, table {args.table}")
+
+
+def measure_main(args, measure, render):
+    """For the scripts without cases: ``measure(args)`` written to ``--json``
+    (read from it with ``--render-only``), then ``render(results)``, unless
+    None, to ``--table``."""
+    if args.render_only and not Path(args.json).is_file():
+        raise SystemExit(f"error: --render-only needs the results {args.json}")
+    if args.render_only:
+        results = load_json(args.json)
+    else:
+        results = measure(args)
+        write_json(args.json, results)
+    text = render(results)
+    if text is not None:
+        write_table(args, text)
+    return results
+
+
+def timed(function, device):
+    """``function()`` and its wall seconds, the GPU's queued work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = function()
+    synchronize(device)
+    return result, time.perf_counter() - start
 
 
 def timed_fit(X, y, params, device, **fit_params):
@@ -430,11 +433,7 @@ def timed_fit(X, y, params, device, **fit_params):
     from skassoc import SemiSupervisedAssociationClassifier
 
     clf = SemiSupervisedAssociationClassifier(**params)
-    synchronize(device)
-    start = time.perf_counter()
-    clf.fit(X, y, **fit_params)
-    synchronize(device)
-    return clf, time.perf_counter() - start
+    return timed(lambda: clf.fit(X, y, **fit_params), device)
 
 
 def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
@@ -451,12 +450,9 @@ def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
         # Rounded: 100 * (1 - accuracy) carries float noise (0.8399...).
         errors = [round(100.0 * (1.0 - s), 6) for s in clf.history_["validation_score"]]
         lowest = int(np.argmin(errors))
-        out.update(
-            test_error_steps=steps,
-            test_errors_percent=errors,
-            lowest_test_error_percent=errors[lowest],
-            lowest_test_error_step=steps[lowest],
-        )
+        out.update(test_error_steps=steps, test_errors_percent=errors)
+        out["lowest_test_error_percent"] = errors[lowest]
+        out["lowest_test_error_step"] = steps[lowest]
     start = time.perf_counter()
     predicted = clf.predict(X_test)
     out["eval_seconds"] = time.perf_counter() - start
@@ -491,17 +487,15 @@ def scores(y_true, y_pred):
     }
 
 
-# ----------------------------------------------------------------- tables
-
-
-def rst_table(header, cells):
-    """A reStructuredText simple table, the first column left-aligned."""
+def rst_table(header, cells, right=True, sep="  "):
+    """A reStructuredText simple table, the first column left-aligned and the
+    others right-aligned (left-aligned without ``right``)."""
     widths = [max(len(str(r[i])) for r in [header, *cells]) for i in range(len(header))]
-    border = "  ".join("=" * w for w in widths)
+    border = sep.join("=" * w for w in widths)
 
     def line(values):
-        return "  ".join(
-            str(v).ljust(w) if i == 0 else str(v).rjust(w)
+        return sep.join(
+            str(v).rjust(w) if i and right else str(v).ljust(w)
             for i, (v, w) in enumerate(zip(values, widths))
         ).rstrip()
 
@@ -539,6 +533,16 @@ def finished_runs(row, runs):
     ]
 
 
+def row_start(row, done):
+    """A row's first cells: its title, labels and finished (of planned) runs."""
+    n = len(done)
+    return [
+        row["title"],
+        row["labels"],
+        str(n) if n == row["draws"] else f"{n}/{row['draws']}",
+    ]
+
+
 def median_cell(values):
     return fmt(float(np.median(values)) if len(values) else None)
 
@@ -566,20 +570,10 @@ def table_cells(rows, runs):
         done = finished_runs(row, runs)
         errors = [r["test_error_percent"] for r in done]
         seconds = [r["fit_seconds"] for r in done]
-        n = len(done)
-        cells.append(
-            [
-                row["title"],
-                row["labels"],
-                str(n) if n == row["draws"] else f"{n}/{row['draws']}",
-                median_cell(errors),
-                interval_cell(errors),
-                fmt(float(np.std(errors, ddof=1)) if n > 1 else None),
-                range_cell(errors),
-                row["paper"] or "n/a",
-                fmt(float(np.median(seconds)), 1) if n else "n/a",
-            ]
-        )
+        std = fmt(float(np.std(errors, ddof=1)) if len(done) > 1 else None)
+        stats = [median_cell(errors), interval_cell(errors), std, range_cell(errors)]
+        fit_s = fmt(float(np.median(seconds)), 1) if done else "n/a"
+        cells.append([*row_start(row, done), *stats, row["paper"] or "n/a", fit_s])
     return cells
 
 
@@ -642,12 +636,8 @@ def render_parts(results, title, notes, parts):
     if ok:
         header = ["Run (part/setting/labels/draw)", "Error %", "Fit s", "Steps"]
         cells = [
-            [
-                r["key"],
-                f"{r['test_error_percent']:.2f}",
-                f"{r['fit_seconds']:.1f}",
-                str(r.get("n_iter", "")),
-            ]
+            [r["key"], f"{r['test_error_percent']:.2f}", f"{r['fit_seconds']:.1f}"]
+            + [str(r.get("n_iter", ""))]
             for r in ok
         ]
         out += [".. rubric:: Per-run results", "", rst_table(header, cells), ""]

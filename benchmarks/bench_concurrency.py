@@ -1,27 +1,19 @@
 """How much one GPU gains from running several small training steps at once.
 
 ``GridSearchCV`` with ``device="cuda"`` fits candidates in threads, each on a
-CUDA stream of its own. Parts (a)-(c) measure the most that can gain at the
-paper's batch (100 labeled + 100 unlabeled 28x28 images), free of anything
-skassoc does: the bare loop's network and losses of ``bench_speed.py``, Adam
-with ``capturable=True``, each model's step captured as a CUDA graph on random
-inputs, in TF32 and in bf16 autocast. (a) One graph replayed alone, ms a step.
-(b) ``N`` models (``--streams``) replayed in turn from one thread, each on its
-own stream: ms a step per model and the speed-up over (a). (c) One model with
-an ``N`` x 200-image batch, ms per 200 images: an estimate of stacking ``N``
-candidates into one network (which would have ``N`` sets of weights and
-``N`` association matrices where this has one). (d) skassoc itself: ``N``
-whole fits of ``--fit-steps`` steps of recipe "paper" on synthetic images,
-one after another, then in ``N`` threads as joblib's threading backend runs
-them: ms a step per fit and the speed-up of the threads.
+CUDA stream of its own. Parts (a)-(c) bound what that can gain at the paper's
+batch (100 labeled + 100 unlabeled 28x28 images), free of skassoc: the bare
+loop of ``bench_speed.py`` (Adam with ``capturable=True``), each model's step
+captured as a CUDA graph on random inputs, in TF32 and in bf16 autocast.
+(a) One graph replayed alone. (b) ``N`` models (``--streams``) replayed in
+turn from one thread, each on its own stream. (c) One model with an ``N``-fold
+batch: an estimate of stacking ``N`` candidates into one network (which would
+have ``N`` sets of weights and association matrices where this has one).
+(d) ``N`` skassoc fits of recipe "paper" on synthetic images, one after
+another, then in ``N`` threads as joblib's threading backend runs them.
 
-The table, from ``benchmarks/results/concurrency_cuda.json``::
-
-    python benchmarks/bench_concurrency.py --render-only
-
-Run on a GPU::
-
-    python benchmarks/bench_concurrency.py
+``python benchmarks/bench_concurrency.py`` measures (on a GPU);
+``--render-only`` rewrites the table from ``results/concurrency_cuda.json``.
 """
 
 import time
@@ -36,6 +28,8 @@ from skassoc import SemiSupervisedAssociationClassifier, recipe_params
 
 IMAGES_PER_STEP = 200
 LABELED = 100
+#: The backend settings of every measurement, recorded in the JSON.
+BACKEND = {"cudnn_benchmark": True, "cudnn_allow_tf32": True, "matmul_allow_tf32": True}
 
 
 def parse_args(argv=None):
@@ -77,11 +71,9 @@ def captured_step(device, bf16, images=IMAGES_PER_STEP, seed=0):
         with torch.autocast("cuda", torch.bfloat16, enabled=bf16, cache_enabled=False):
             embeddings = model.embed(x)
         embeddings = embeddings.float()
-        losses = bare_losses(
-            model, embeddings[:n_labeled], embeddings[n_labeled:], labels
-        )
+        a, b = embeddings[:n_labeled], embeddings[n_labeled:]
         optimizer.zero_grad(set_to_none=False)
-        sum(losses).backward()
+        sum(bare_losses(model, a, b, labels)).backward()
         optimizer.step()
 
     # Eager warm-up on a side stream (optimizer state, cuDNN autotuning).
@@ -99,14 +91,14 @@ def captured_step(device, bf16, images=IMAGES_PER_STEP, seed=0):
 
 def seconds_per_round(graphs, streams, rounds, device):
     """Wall seconds per round of one replay of every graph, each on its stream."""
-    torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(rounds):
-        for graph, stream in zip(graphs, streams):
-            with torch.cuda.stream(stream):
-                graph.replay()
-    torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / rounds
+
+    def replay():
+        for _ in range(rounds):
+            for graph, stream in zip(graphs, streams):
+                with torch.cuda.stream(stream):
+                    graph.replay()
+
+    return h.timed(replay, device)[1] / rounds
 
 
 def measure(precision, args, device):
@@ -119,9 +111,7 @@ def measure(precision, args, device):
     seconds_per_round(graphs, streams, 20, device)  # warm-up
     alone = seconds_per_round(graphs[:1], streams[:1], args.steps, device)
     rows = [{"models": 1, "ms_per_step": alone * 1e3, "speedup": 1.0}]
-    for n in args.streams:
-        if n == 1:
-            continue
+    for n in (n for n in args.streams if n > 1):
         per_step = seconds_per_round(graphs[:n], streams[:n], args.steps, device) / n
         speedup = alone / per_step
         rows.append({"models": n, "ms_per_step": per_step * 1e3, "speedup": speedup})
@@ -132,16 +122,9 @@ def measure(precision, args, device):
         stream = torch.cuda.Stream(device)
         seconds_per_round([graph], [stream], 10, device)
         seconds = seconds_per_round([graph], [stream], args.steps, device)
-        per_200 = seconds / n
-        stacked.append(
-            {
-                "batch_multiple": n,
-                "images_per_step": n * IMAGES_PER_STEP,
-                "ms_per_step": seconds * 1e3,
-                "ms_per_200_images": per_200 * 1e3,
-                "speedup": alone / per_200,
-            }
-        )
+        row = dict(batch_multiple=n, images_per_step=n * IMAGES_PER_STEP)
+        row.update(ms_per_step=seconds * 1e3, ms_per_200_images=seconds / n * 1e3)
+        stacked.append(row | {"speedup": alone / (seconds / n)})
         del graph, step
     results = {"side_by_side": rows, "stacked": stacked}
     if args.fit_steps:
@@ -213,19 +196,8 @@ def render(results):
     return f"{h.env_line(results['environment'])}\n\n{h.rst_table(header, cells)}"
 
 
-def main(argv=None):
-    """Measure, write the JSON and the table; see the module docstring."""
-    args = parse_args(argv)
-    if args.render_only:
-        results = h.load_json(args.json)
-    else:
-        results = run(args)
-    text = render(results)
-    h.write_text(args.table, text + "\n")
-    print(f"{text}\n\nwrote {args.table}")
-
-
 def run(args):
+    """Every part in every precision, the JSON rewritten after each."""
     if not torch.cuda.is_available():
         raise SystemExit(
             "error: bench_concurrency.py measures CUDA streams and graphs and "
@@ -240,19 +212,17 @@ def run(args):
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    results = {
-        "environment": h.environment(device),
-        "args": vars(args),
-        "backend": {
-            "cudnn_benchmark": True,
-            "cudnn_allow_tf32": True,
-            "matmul_allow_tf32": True,
-        },
-    }
+    env = h.environment(device)
+    results = {"environment": env, "args": vars(args), "backend": BACKEND}
     for precision in args.precisions:
         results[precision] = measure(precision, args, device)
         h.write_json(args.json, results)
     return results
+
+
+def main(argv=None):
+    """Measure, write the JSON and the table; see the module docstring."""
+    h.measure_main(parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

@@ -3,21 +3,15 @@
 Two pairs, neither needing a data set beyond MNIST: ``synth-mnist``
 (``make_synthetic_digits`` -> MNIST, scored on MNIST's test images) and
 ``mnist-mnistm`` (MNIST -> ``make_mnist_m_like`` of it, scored on
-``make_mnist_m_like`` of MNIST's test images). Both domains are brought to
-3x32x32 with ``format_images`` and fitted with recipe ``"domain_adaptation"``.
-Each pair has three cases: ``source only`` (the labeled source alone, walker
-and visit weights 0), ``adapted`` (source labeled, target ``-1``) and
-``target only`` (the labeled target, walker and visit weights 0, the
-ceiling). Run ``d`` seeds the synthetic digits, the textures and the
+``make_mnist_m_like`` of MNIST's test images), both as 3x32x32 images and
+fitted with recipe ``"domain_adaptation"``. Each pair has three cases:
+``source only`` and ``target only`` (the labeled domain alone, walker and
+visit weights 0; the latter is the ceiling) and ``adapted`` (source labeled,
+target ``-1``). Run ``d`` seeds the synthetic digits, the textures and the
 network with ``d``.
 
-The table, from ``benchmarks/results/domain_adaptation_cuda.json``::
-
+    python benchmarks/bench_domain_adaptation.py --device cuda  # --shard I/N
     python benchmarks/bench_domain_adaptation.py --device cuda --render-only
-
-Run (one process per GPU with ``--shard I/N``, then ``--merge``)::
-
-    python benchmarks/bench_domain_adaptation.py --device cuda
 """
 
 import functools
@@ -33,35 +27,32 @@ from skassoc.datasets import (
     make_synthetic_digits,
 )
 
+#: pair -> (title, overrides of the recipe, the paper's error %).
 PAIRS = {
     "synth-mnist": ("synthetic digits -> MNIST", {"augmentation": "paper"}, ""),
     "mnist-mnistm": (
         "MNIST -> MNIST-M-like",
         {"visit_weight": 0.6, "augmentation": {"invert_probability": 0.5}},
-        # ICCV 2017, MNIST -> MNIST-M (real MNIST-M, photo textures).
-        "10.47",
+        "10.47",  # ICCV 2017, MNIST -> MNIST-M (real MNIST-M, photo textures).
     ),
 }
 #: Without the association losses the unlabeled batch has no effect on
 #: training; a small one saves time.
 SUPERVISED = {"walker_weight": 0.0, "visit_weight": 0.0, "unlabeled_batch_size": 100}
+
+
+def _case(pair, condition):
+    _, overrides, paper = PAIRS[pair]
+    adapted = condition == "adapted"
+    params = recipe_params("domain_adaptation") | overrides
+    params |= {} if adapted else SUPERVISED
+    row = pair, condition, "all", params, 3, condition, paper if adapted else ""
+    return h.Case(*row, fit_on=condition, options={"pair": pair})
+
+
 CASES = [
-    h.Case(
-        pair,
-        condition,
-        "all",
-        {
-            **recipe_params("domain_adaptation"),
-            **overrides,
-            **(SUPERVISED if condition != "adapted" else {}),
-        },
-        3,
-        condition,
-        paper if condition == "adapted" else "",
-        fit_on=condition,
-        options={"pair": pair},
-    )
-    for pair, (_, overrides, paper) in PAIRS.items()
+    _case(pair, condition)
+    for pair in PAIRS
     for condition in ("source only", "adapted", "target only")
 ]
 

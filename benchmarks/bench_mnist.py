@@ -24,6 +24,7 @@ Quick check on a CPU::
         --json /tmp/m.json
 """
 
+import functools
 import time
 
 import _harness as h
@@ -170,11 +171,8 @@ def _cases():
 CASES = list(_cases())
 
 
-# ------------------------------------------------------------------- runs
-
-
 class Data:
-    """MNIST arrays and PCA features, loaded or computed once."""
+    """MNIST arrays (``--train-subset``, ``--eval-subset``) and PCA features."""
 
     def __init__(self, args):
         home = h.mnist_home(args.data_home)
@@ -184,28 +182,25 @@ class Data:
             rng = np.random.RandomState(SUBSET_SEED)
             keep = np.sort(rng.choice(len(y_train), args.train_subset, replace=False))
             x_train, y_train = x_train[keep], y_train[keep]
-        if args.eval_subset:
-            x_test, y_test = x_test[: args.eval_subset], y_test[: args.eval_subset]
+        test = slice(args.eval_subset or None)
         self.x_train, self.y_train = x_train, y_train
-        self.x_test, self.y_test = x_test, y_test
-        self._pca = None
-        self.meta = dict(n_train=len(y_train), n_eval=len(y_test))
-        self.meta.update(
+        self.x_test, self.y_test = x_test[test], y_test[test]
+        self.meta = dict(n_train=len(y_train), n_eval=len(self.y_test))
+        self.meta |= dict(
             max_iter_override=args.max_iter, train_subset=args.train_subset
         )
 
+    @functools.cached_property
     def pca_features(self):
         """PCA of pixels/255, fitted on the training images without labels."""
         from sklearn.decomposition import PCA
 
-        if self._pca is None:
-            pca = PCA(PCA_COMPONENTS, svd_solver="randomized", random_state=0)
-            train, test = (
-                x.reshape(len(x), -1).astype(np.float32) / 255.0
-                for x in (self.x_train, self.x_test)
-            )
-            self._pca = (pca.fit_transform(train), pca.transform(test))
-        return self._pca
+        pca = PCA(PCA_COMPONENTS, svd_solver="randomized", random_state=0)
+        train, test = (
+            x.reshape(len(x), -1).astype(np.float32) / 255.0
+            for x in (self.x_train, self.x_test)
+        )
+        return pca.fit_transform(train), pca.transform(test)
 
 
 def training_set(fit_on, x_train, y_semi):
@@ -231,12 +226,10 @@ def training_set(fit_on, x_train, y_semi):
 
 def fit(config, data, device):
     """Train and evaluate one run of ``config``; return its measurements."""
-    per_class = LABELS_PER_CLASS[config["labels"]]
+    per_class, seed = LABELS_PER_CLASS[config["labels"]], config["label_seed"]
     y_semi = data.y_train.copy()
     if per_class is not None:
-        y_semi = make_semi_supervised_labels(
-            data.y_train, per_class, random_state=config["label_seed"]
-        )
+        y_semi = make_semi_supervised_labels(data.y_train, per_class, random_state=seed)
     out = {"n_train": len(y_semi), "n_labeled": int(np.sum(y_semi != -1))}
     if config["method"] == "skassoc":
         x_fit, y_fit = training_set(config["fit_on"], data.x_train, y_semi)
@@ -252,7 +245,7 @@ def fit(config, data, device):
     from sklearn.linear_model import LogisticRegression
     from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
 
-    train, test = data.pca_features()
+    train, test = data.pca_features
     if config["method"] == "label_spreading":
         model = LabelSpreading(**LABEL_SPREADING, n_jobs=-1)
     else:
@@ -263,9 +256,6 @@ def fit(config, data, device):
     out["fit_seconds"] = time.perf_counter() - start
     out["n_iter"] = int(model.n_iter_)
     return {**out, **h.scores(data.y_test, model.predict(test))}
-
-
-# ----------------------------------------------------------------- tables
 
 
 def errors_by_draw(row, runs):
@@ -285,20 +275,14 @@ def draws_below(errors, paper):
     return paired, f"{sum(errors[d] < paper[d] for d in paired)}/{len(paired)}"
 
 
+#: The recipes' and the ablations' own columns go before "Paper".
 AT = h.TABLE_HEADER.index("Paper")
-RECIPE_HEADER = [
-    *h.TABLE_HEADER[:AT],
-    f"Median, draws 0-{SELECTION_DRAWS - 1}",
-    f"Median, draws {SELECTION_DRAWS}+",
-    f'Draws {SELECTION_DRAWS}+ better than "paper"',
-    *h.TABLE_HEADER[AT:],
-]
-ABLATION_HEADER = [
-    *h.TABLE_HEADER[:AT],
-    '"paper", same draws',
-    'Draws below "paper"',
-    *h.TABLE_HEADER[AT:],
-]
+RECIPE_COLUMNS = [f"Median, draws 0-{SELECTION_DRAWS - 1}"]
+RECIPE_COLUMNS += [f"Median, draws {SELECTION_DRAWS}+"]
+RECIPE_COLUMNS += [f'Draws {SELECTION_DRAWS}+ better than "paper"']
+RECIPE_HEADER = h.TABLE_HEADER[:AT] + RECIPE_COLUMNS + h.TABLE_HEADER[AT:]
+ABLATION_COLUMNS = ['"paper", same draws', 'Draws below "paper"']
+ABLATION_HEADER = h.TABLE_HEADER[:AT] + ABLATION_COLUMNS + h.TABLE_HEADER[AT:]
 CHECKPOINT_HEADER = ["Setting", "Labels", "Runs", "Last: median", "Last: min-max"]
 CHECKPOINT_HEADER += ["Lowest: median", "Lowest: min-max", "Step of lowest (median)"]
 CHECKPOINT_HEADER += ["Paper"]
@@ -344,20 +328,10 @@ def checkpoint_cells(rows, runs):
         last = [r["test_error_percent"] for r in done]
         lowest = [r["lowest_test_error_percent"] for r in done]
         steps = [r["lowest_test_error_step"] for r in done]
-        n = len(done)
-        cells.append(
-            [
-                row["title"],
-                row["labels"],
-                str(n) if n == row["draws"] else f"{n}/{row['draws']}",
-                h.median_cell(last),
-                h.range_cell(last),
-                h.median_cell(lowest),
-                h.range_cell(lowest),
-                f"{np.median(steps):.0f}" if steps else "n/a",
-                row["paper"] or "n/a",
-            ]
-        )
+        stats = [h.median_cell(last), h.range_cell(last)]
+        stats += [h.median_cell(lowest), h.range_cell(lowest)]
+        step = f"{np.median(steps):.0f}" if steps else "n/a"
+        cells.append([*h.row_start(row, done), *stats, step, row["paper"] or "n/a"])
     return cells
 
 
@@ -476,11 +450,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    common = {
-        "train_subset": args.train_subset,
-        "train_subset_seed": SUBSET_SEED if args.train_subset else None,
-        "eval_subset": args.eval_subset,
-    }
+    seed = SUBSET_SEED if args.train_subset else None
+    common = dict(train_subset=args.train_subset, train_subset_seed=seed)
+    common["eval_subset"] = args.eval_subset
     return h.main(CASES, args, fit, render, Data, common)
 
 

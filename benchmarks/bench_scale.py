@@ -1,40 +1,30 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
-Three sections on MNIST with the paper's recipe (100 labels):
-
-``search``
-    ``GridSearchCV`` over 8 candidates (2 x 2 x 2 of ``visit_weight``,
-    ``walker_weight``, ``learning_rate``), one fixed split (train on the
-    training images, score on the test images), ``--search-steps`` steps a
-    fit: one after another, then in 8 threads (``joblib``'s threading
-    backend; each fit on a CUDA stream of its own); ``--search-modes`` adds
-    ``processes``. Wall time of ``search.fit`` and the speed-up.
-``batch``
-    Unlabeled batches of ``--unlabeled-sizes`` images: ms per step of a fit of
-    ``--batch-steps`` steps less a fit of 3 steps, after a warm-up fit of the
-    same shape, and the fit's peak GPU memory.
-``memmap``
-    A pool of ``--pool-size`` images (MNIST's training images repeated, each
-    copy rolled by up to two pixels) in a ``numpy.memmap`` on disk, plus the
-    100 labeled images: ms per step against the training images in memory,
-    the growth of the process's private memory (``RssAnon`` sampled every
-    5 ms) during the fit, its peak resident set, peak GPU memory.
-
-The table (section ``batch``), from ``benchmarks/results/scale_cuda.json``::
-
-    python benchmarks/bench_scale.py --device cuda --render-only
-
-Run (``--only SECTION`` for one; the JSON keeps the sections not run)::
+Three sections (``--only SECTION``; the JSON keeps the others) on MNIST with
+100 labels and the paper's recipe. ``search``: ``GridSearchCV`` over 8
+candidates on one fixed split (train on the training images, score on the
+test images), fitted one after another, then in 8 threads (``joblib``'s
+threading backend) or processes (``--search-modes``). ``batch``: ms a step
+with unlabeled batches of ``--unlabeled-sizes`` images (a fit less a 3-step
+fit of the same shape, after a warm-up fit) and the peak GPU memory.
+``memmap``: a pool of ``--pool-size`` images (the training images repeated,
+each copy rolled by up to two pixels) in a memory-mapped file: ms a step
+against the images in memory, and the growth of the process's private memory
+(``RssAnon`` sampled every 5 ms) during the fit.
 
     python benchmarks/bench_scale.py --device cuda
     python benchmarks/bench_scale.py --device cpu --only memmap \\
         --memmap-steps 20 --pool-size 200000 --json /tmp/scale.json
+    python benchmarks/bench_scale.py --device cuda --render-only  # ``batch``
 """
 
-import os
+import contextlib
+import re
 import tempfile
 import threading
 import time
+from functools import partial
+from itertools import product
 from pathlib import Path
 
 import _harness as h
@@ -44,7 +34,6 @@ import torch
 from sklearn.model_selection import GridSearchCV
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
-from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
 SEARCH_GRID = {
     "visit_weight": [0.5, 1.0],
@@ -59,7 +48,8 @@ def recipe(max_iter, device, **overrides):
     return recipe_params("paper") | params | {"random_state": 0, **overrides}
 
 
-# ------------------------------------------------------------------- search
+def peak_gpu_mib(device):
+    return torch.cuda.max_memory_allocated(device) / 2**20
 
 
 def run_search(data, args, device):
@@ -73,27 +63,16 @@ def run_search(data, args, device):
     rows = []
     for mode in args.search_modes:
         search = GridSearchCV(estimator, SEARCH_GRID, cv=split, refit=False)
-        h.synchronize(device)
-        start = time.perf_counter()
-        if mode == "serial":
-            search.set_params(n_jobs=1).fit(X, y)
-        elif mode == "threads":
-            with joblib.parallel_backend("threading", n_jobs=8):
-                search.fit(X, y)
+        backend = contextlib.nullcontext()
+        if mode == "threads":
+            backend = joblib.parallel_backend("threading", n_jobs=8)
         else:
-            search.set_params(n_jobs=8).fit(X, y)
-        h.synchronize(device)
-        seconds = time.perf_counter() - start
-        scores = search.cv_results_["mean_test_score"]
-        rows.append(
-            {
-                "mode": mode,
-                "candidates": len(scores),
-                "steps_per_fit": args.search_steps,
-                "seconds": seconds,
-                "test_error_percent": [100 * (1 - s) for s in scores],
-            }
-        )
+            search.set_params(n_jobs=1 if mode == "serial" else 8)
+        with backend:
+            _, seconds = h.timed(lambda search=search: search.fit(X, y), device)
+        errors = [100 * (1 - s) for s in search.cv_results_["mean_test_score"]]
+        row = dict(mode=mode, candidates=len(errors), steps_per_fit=args.search_steps)
+        rows.append(row | {"seconds": seconds, "test_error_percent": errors})
         print(f"search {mode}: {seconds:.1f} s", flush=True)
     serial = next((r["seconds"] for r in rows if r["mode"] == "serial"), None)
     for row in rows:
@@ -101,76 +80,62 @@ def run_search(data, args, device):
     return rows
 
 
-# -------------------------------------------------------------------- batch
-
-
 def run_batch(data, args, device):
     X_train, y_semi, _, _ = data
+    on_gpu = device.type == "cuda"
+
+    def seconds(steps, **params):
+        return h.timed_fit(X_train, y_semi, recipe(steps, device, **params), device)[1]
+
     rows = []
-    for size in args.unlabeled_sizes:
-        for precision in args.precisions:
-            row = {"unlabeled_batch_size": size, "precision": precision}
-            try:
-                params = dict(unlabeled_batch_size=size, precision=precision)
-                # The first fit of a new shape pays for cuDNN's autotuning.
-                h.timed_fit(X_train, y_semi, recipe(3, device, **params), device)
-                _, short = h.timed_fit(
-                    X_train, y_semi, recipe(3, device, **params), device
-                )
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                _, seconds = h.timed_fit(
-                    X_train, y_semi, recipe(args.batch_steps, device, **params), device
-                )
-                row["ms_per_step"] = 1000 * (seconds - short) / (args.batch_steps - 3)
-                if device.type == "cuda":
-                    row["peak_gpu_mib"] = (
-                        torch.cuda.max_memory_allocated(device) / 2**20
-                    )
-                row["status"] = "ok"
-            except torch.cuda.OutOfMemoryError as exc:
-                row["status"] = f"out of memory: {str(exc)[:200]}"
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            rows.append(row)
-            print(row, flush=True)
+    for size, precision in product(args.unlabeled_sizes, args.precisions):
+        params = dict(unlabeled_batch_size=size, precision=precision)
+        try:
+            seconds(3, **params)  # The first fit of a shape pays for cuDNN's tuning.
+            short = seconds(3, **params)
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats(device)
+            steps = seconds(args.batch_steps, **params) - short
+            row = params | {"ms_per_step": 1000 * steps / (args.batch_steps - 3)}
+            if on_gpu:
+                row["peak_gpu_mib"] = peak_gpu_mib(device)
+            row["status"] = "ok"
+        except torch.cuda.OutOfMemoryError as exc:
+            row = params | {"status": f"out of memory: {str(exc)[:200]}"}
+        if on_gpu:
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(row, flush=True)
     return rows
 
 
-# ------------------------------------------------------------------- memmap
-
-
 def _status_kib(field):
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return None
+    """A field of ``/proc/self/status`` in KiB, or None."""
+    status = Path("/proc/self/status").read_text()
+    match = re.search(rf"^{field}:\s*(\d+)", status, re.MULTILINE)
+    return int(match[1]) if match else None
 
 
-class _PeakPrivateMemory:
-    """Samples RssAnon every 5 ms in a thread; the peak above the start."""
+def peak_private_growth(function):
+    """``function()`` and the peak growth (MiB) of the process's private memory
+    while it ran: ``RssAnon``, sampled every 5 ms in a thread."""
+    start = peak = _status_kib("RssAnon") or 0
+    done = threading.Event()
 
-    def __enter__(self):
-        self.start = _status_kib("RssAnon") or 0
-        self.peak = self.start
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self):
-        while not self._done.is_set():
-            self.peak = max(self.peak, _status_kib("RssAnon") or 0)
+    def watch():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _status_kib("RssAnon") or 0)
             time.sleep(0.005)
 
-    def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join()
-
-    @property
-    def grown_mib(self):
-        return (self.peak - self.start) / 1024
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        result = function()
+    finally:
+        done.set()
+        thread.join()
+    return result, (peak - start) / 1024
 
 
 def write_pool(path, X_train, labeled_images, pool_size, seed):
@@ -195,55 +160,64 @@ def write_pool(path, X_train, labeled_images, pool_size, seed):
 def run_memmap(data, args, device):
     X_train, y_semi, X_test, y_test = data
     labeled = y_semi != -1
-    folder = args.pool_dir or tempfile.mkdtemp(prefix="skassoc_pool_")
-    path = Path(folder) / "pool.npy"
-    start = time.perf_counter()
-    pool = write_pool(path, X_train, X_train[labeled], args.pool_size, args.seed)
-    write_seconds = time.perf_counter() - start
-    y_pool = np.full(len(pool), -1)
-    y_pool[: labeled.sum()] = y_semi[labeled]
-    params = recipe(args.memmap_steps, device)
-    h.timed_fit(X_train, y_semi, recipe(10, device), device)  # warm-up
-    _, in_memory_seconds = h.timed_fit(X_train, y_semi, params, device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    with _PeakPrivateMemory() as memory:
-        clf, seconds = h.timed_fit(pool, y_pool, params, device)
-    error = 100 * float(np.mean(clf.predict(X_test) != y_test))
-    row = {
-        "pool_images": int(len(pool)),
-        "file_mib": path.stat().st_size / 2**20,
-        "write_seconds": write_seconds,
-        "steps": args.memmap_steps,
-        "ms_per_step_memmap": 1000 * seconds / args.memmap_steps,
-        "ms_per_step_in_memory_60k": 1000 * in_memory_seconds / args.memmap_steps,
-        "peak_private_memory_growth_mib": memory.grown_mib,
-        "process_peak_rss_mib": (_status_kib("VmHWM") or 0) / 1024,
-        "test_error_percent": error,
-    }
-    if device.type == "cuda":
-        row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    del pool, clf
-    if not args.pool_dir:
-        path.unlink()
-        os.rmdir(folder)
+    with tempfile.TemporaryDirectory(prefix="skassoc_pool_") as folder:
+        path = Path(args.pool_dir or folder) / "pool.npy"
+        start = time.perf_counter()
+        pool = write_pool(path, X_train, X_train[labeled], args.pool_size, args.seed)
+        write_seconds = time.perf_counter() - start
+        y_pool = np.full(len(pool), -1)
+        y_pool[: labeled.sum()] = y_semi[labeled]
+        params = recipe(args.memmap_steps, device)
+        h.timed_fit(X_train, y_semi, recipe(10, device), device)  # warm-up
+        _, in_memory_seconds = h.timed_fit(X_train, y_semi, params, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        fit = partial(h.timed_fit, pool, y_pool, params, device)
+        (clf, seconds), grown = peak_private_growth(fit)
+        row = dict(pool_images=int(len(pool)), file_mib=path.stat().st_size / 2**20)
+        row.update(write_seconds=write_seconds, steps=args.memmap_steps)
+        row["ms_per_step_memmap"] = 1000 * seconds / args.memmap_steps
+        row["ms_per_step_in_memory_60k"] = 1000 * in_memory_seconds / args.memmap_steps
+        row["peak_private_memory_growth_mib"] = grown
+        row["process_peak_rss_mib"] = (_status_kib("VmHWM") or 0) / 1024
+        row["test_error_percent"] = 100 * float(np.mean(clf.predict(X_test) != y_test))
+        if device.type == "cuda":
+            row["peak_gpu_mib"] = peak_gpu_mib(device)
+        del pool, clf, fit
     print(row, flush=True)
     return row
 
 
+SECTIONS = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
+
+
+def measure(args):
+    """The sections asked for, added to those the JSON holds."""
+    results = h.load_json(args.json) if Path(args.json).is_file() else {}
+    device = h.resolve_device(args.device)
+    data = h.mnist_semi(args, args.seed)
+    for name, section in SECTIONS.items():
+        if args.only and name not in args.only:
+            continue
+        env = {"environment": h.environment(device), "args": vars(args)}
+        key = "row" if name == "memmap" else "rows"
+        results[name] = {**env, key: section(data, args, device)}
+        h.write_json(args.json, results)
+    return results
+
+
 def render(results):
     """Section ``batch``: ms per step and peak GPU memory by batch size."""
-    batch = results["batch"]
+    if "batch" not in results:
+        return None
     header = ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"]
     cells = []
-    for r in batch["rows"]:
+    for r in results["batch"]["rows"]:
         ms = f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"]
         mib = f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a"
         cells.append([f"{r['unlabeled_batch_size']:,}", r["precision"], ms, mib])
-    return f"{h.env_line(batch['environment'])}\n\n{h.rst_table(header, cells)}"
-
-
-SECTIONS = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
+    env = h.env_line(results["batch"]["environment"])
+    return f"{env}\n\n{h.rst_table(header, cells)}"
 
 
 def main(argv=None):
@@ -264,26 +238,7 @@ def main(argv=None):
     if args.batch_steps <= 3:
         # The step time is the difference to a 3-step fit of the same shape.
         parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
-    results = h.load_json(args.json) if Path(args.json).is_file() else {}
-    if not args.render_only:
-        device = h.resolve_device(args.device)
-        home = h.mnist_home(args.data_home)
-        X_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
-        X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
-        y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
-        data = (X_train, y_semi, X_test, y_test)
-        for name, section in SECTIONS.items():
-            if args.only and name not in args.only:
-                continue
-            env = {"environment": h.environment(device), "args": vars(args)}
-            rows = section(data, args, device)
-            key = "row" if name == "memmap" else "rows"
-            results[name] = {**env, key: rows}
-            h.write_json(args.json, results)
-    if "batch" in results and args.table:
-        text = render(results)
-        h.write_text(args.table, text + "\n")
-        print(f"{text}\n\nwrote {args.table}")
+    h.measure_main(args, measure, render)
 
 
 if __name__ == "__main__":

@@ -1,56 +1,29 @@
 """A loss-weight search of 8 candidates on one GPU: one after another vs stacked.
 
-What is measured, in one run (MNIST, the paper's recipe shortened to
-``--steps`` steps with the learning-rate decay at the same fractions, 100
-labels drawn with ``make_semi_supervised_labels(y, 10, random_state=seed)``,
-one ``random_state`` for every fit):
+MNIST with 100 labels, the paper's recipe shortened to ``--steps`` steps (the
+decay at the same fractions), one ``random_state`` for every fit, each timing
+after an untimed warm-up fit and covering all of ``fit`` (input checks, copy
+to the device, CUDA-graph capture): (a) the 8 candidates (``walker_weight`` x
+``visit_weight``) fitted one after another; (b) the same trained together by
+:func:`skassoc._stacked.fit_candidates`, once per stacking, each with the
+initial weights and batches of its separate fit, so that its test error
+matches (a)'s within GPU rounding; (c) the ceiling, one fit whose batches are
+8 times larger: ``8 x (mean fit of (a)) / (its time)`` is the speed-up that
+stacking would reach if 8 candidates ran as efficiently as one network on an
+8-fold batch.
 
-(a) **serial**: the 8 candidates (``walker_weight`` x ``visit_weight``) each
-    fitted on its own, one after another, after one untimed warm-up fit
-    (CUDA init, cuDNN autotuning). The figure is the sum of the 8 ``fit``
-    wall times.
-(b) **stacked**: the same 8 candidates trained together by
-    :func:`skassoc._stacked.fit_candidates`, once per stacking
-    (``streams``, ``vmap``), each after an untimed short warm-up; the
-    figure is the wall time of that one call. Every candidate gets the
-    initial weights and batches its separate fit gets, so its test error
-    should match (a)'s within the noise of GPU rounding.
-(c) **ceiling**: what the GPU gives this network at best when it computes
-    8 times the work of one fit in one go: the wall time of ONE fit whose
-    labeled and unlabeled batches are 8 times as large (80 labeled images a
-    class, 800 unlabeled), same steps. ``ceiling speed-up = 8 x (mean wall
-    of one fit of (a)) / (wall of that fit)``: the speed-up that stacking
-    would reach if 8 candidates ran as efficiently as one network on an
-    8-fold batch (dense kernels, no per-candidate overhead; its walker
-    matrices are 64 times larger, which costs little at these sizes).
-
-Test errors are on the 10,000 MNIST test images; the fits' wall times
-include everything ``fit`` does (input checks, the copy to the device, the
-CUDA-graph capture), evaluation excluded.
-
-Run (about 2 minutes on one H100 with 2,000 steps)::
-
-    python benchmarks/bench_search.py --device cuda --steps 2000
-
-and on a CPU, tiny, to check that it runs::
-
+    python benchmarks/bench_search.py --device cuda --steps 2000  # 2 min, H100
     python benchmarks/bench_search.py --device cpu --steps 5 --train-subset 2000
-
-``--render-only`` rewrites the table from the JSON. Results go to ``--json``
-(default ``benchmarks/results/search_<device>.json``) and ``--table``
-(default the same name with ``.rst``).
+    python benchmarks/bench_search.py --render-only
 """
 
-import time
 import warnings
 
 import _harness as h
 import numpy as np
-from _harness import environment, resolve_device, synchronize
 
-from skassoc import SemiSupervisedAssociationClassifier, recipe_params  # noqa: E402
-from skassoc._stacked import fit_candidates  # noqa: E402
-from skassoc.datasets import load_mnist, make_semi_supervised_labels  # noqa: E402
+from skassoc import SemiSupervisedAssociationClassifier, recipe_params
+from skassoc._stacked import fit_candidates
 
 WALKER_WEIGHTS = (0.5, 1.0, 1.5, 2.0)
 VISIT_WEIGHTS = (0.5, 1.0)
@@ -74,29 +47,10 @@ def parse_args(argv=None):
     return h.parse(parser, argv)
 
 
-def load_data(args):
-    home = h.mnist_home(args.data_home)
-    X, y = load_mnist("train", data_home=home, return_X_y=True)
-    X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
-    if args.train_subset:
-        X, y = X[: args.train_subset], y[: args.train_subset]
-    y_semi = make_semi_supervised_labels(y, 10, random_state=args.seed)
-    return X, y_semi, X_test, y_test
-
-
 def _warm_up(params):
     """``params`` for an untimed warm-up fit (CUDA init, cuDNN autotuning)."""
     steps = min(WARMUP_STEPS, params["max_iter"])
     return {**params, "max_iter": steps, "lr_decay_steps": steps}
-
-
-def timed(function, device):
-    """``function()`` and its wall time, the GPU's queued work included."""
-    synchronize(device)
-    started = time.perf_counter()
-    result = function()
-    synchronize(device)
-    return result, time.perf_counter() - started
 
 
 def test_error(estimator, X_test, y_test):
@@ -107,12 +61,10 @@ def test_error(estimator, X_test, y_test):
 
 def run_serial(params, data, device):
     X, y, X_test, y_test = data
-    warm = _warm_up(params)
-    SemiSupervisedAssociationClassifier(**warm).fit(X, y)
+    SemiSupervisedAssociationClassifier(**_warm_up(params)).fit(X, y)
     seconds, errors = [], []
     for candidate in CANDIDATES:
-        clf = SemiSupervisedAssociationClassifier(**{**params, **candidate})
-        _, wall = timed(lambda clf=clf: clf.fit(X, y), device)
+        clf, wall = h.timed_fit(X, y, {**params, **candidate}, device)
         seconds.append(wall)
         errors.append(test_error(clf, X_test, y_test))
         print(f"serial {candidate}: {wall:.2f} s, error {errors[-1]:.2f} %", flush=True)
@@ -121,25 +73,14 @@ def run_serial(params, data, device):
 
 def run_stacked(params, data, device, stacking):
     X, y, X_test, y_test = data
-    warm = _warm_up(params)
+
+    def stack(params):
+        clf = SemiSupervisedAssociationClassifier(**params)
+        return fit_candidates(clf, CANDIDATES, X, y, stacking=stacking)
+
     try:
-        fit_candidates(
-            SemiSupervisedAssociationClassifier(**warm),
-            CANDIDATES,
-            X,
-            y,
-            stacking=stacking,
-        )
-        fitted, wall = timed(
-            lambda: fit_candidates(
-                SemiSupervisedAssociationClassifier(**params),
-                CANDIDATES,
-                X,
-                y,
-                stacking=stacking,
-            ),
-            device,
-        )
+        stack(_warm_up(params))
+        fitted, wall = h.timed(lambda: stack(params), device)
     except Exception as exc:  # noqa: BLE001 -- record, and measure the rest
         print(f"stacked {stacking} failed: {exc!r}", flush=True)
         return {"error": repr(exc)}
@@ -157,13 +98,11 @@ def run_ceiling(params, data, device):
         "labeled_per_class": params["labeled_per_class"] * k,
         "unlabeled_batch_size": params["unlabeled_batch_size"] * k,
     }
-    warm = _warm_up(big)
     with warnings.catch_warnings():
         # 80 labeled a class from 10: drawn with replacement, which is fine here.
         warnings.simplefilter("ignore", UserWarning)
-        SemiSupervisedAssociationClassifier(**warm).fit(X, y)
-        clf = SemiSupervisedAssociationClassifier(**big)
-        _, wall = timed(lambda: clf.fit(X, y), device)
+        SemiSupervisedAssociationClassifier(**_warm_up(big)).fit(X, y)
+        _, wall = h.timed_fit(X, y, big, device)
     print(f"ceiling (one fit, 8x batch): {wall:.2f} s", flush=True)
     return {"seconds": wall, "batch_factor": k}
 
@@ -200,49 +139,32 @@ def render_table(result):
         row.append(_error(result["serial"]["errors"][i]))
         row += [_error(result["stacked"][s]["errors"][i]) for s in stackings]
         rows.append(row)
-    summary = result["summary"]
+    summary, ceiling = result["summary"], result["summary"]["ceiling_speedup"]
+    timing = [["serial (8 fits)", f"{summary['serial_seconds']:.1f}", "1.00", "", ""]]
+    for stacking in stackings:
+        s = summary[stacking]
+        cells = [f"{s['seconds']:.1f}", f"{s['speedup']:.2f}", f"{ceiling:.2f}"]
+        share = f"{100 * s['share_of_ceiling']:.0f} %"
+        timing.append([f"stacked, {stacking}", *cells, share])
+    timing_header = ["run", "wall s", "speed-up", "ceiling speed-up"]
     lines = [
         f"Device: {result['environment']['device']}; {result['steps']} steps "
         f"per candidate, precision {result['precision']}, seed {result['seed']}.",
         "",
+        h.rst_table(header, rows, right=False),
+        "",
+        h.rst_table([*timing_header, "share of ceiling"], timing, right=False),
     ]
-    lines += _rst_grid(header, rows)
-    timing = [["serial (8 fits)", f"{summary['serial_seconds']:.1f}", "1.00", "", ""]]
-    for stacking in stackings:
-        s = summary[stacking]
-        timing.append(
-            [
-                f"stacked, {stacking}",
-                f"{s['seconds']:.1f}",
-                f"{s['speedup']:.2f}",
-                f"{summary['ceiling_speedup']:.2f}",
-                f"{100 * s['share_of_ceiling']:.0f} %",
-            ]
-        )
-    lines += [""] + _rst_grid(
-        ["run", "wall s", "speed-up", "ceiling speed-up", "share of ceiling"], timing
-    )
     return "\n".join(lines) + "\n"
 
 
-def _rst_grid(header, rows):
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    rule = "  ".join("=" * w for w in widths)
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return [rule, fmt(header), rule, *map(fmt, rows), rule]
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    if args.render_only:
-        h.write_text(args.table, render_table(h.load_json(args.json)))
-        return
-    device = resolve_device(args.device)
-    data = load_data(args)
+def measure(args):
+    device = h.resolve_device(args.device)
+    data = h.mnist_semi(args, args.seed, args.train_subset)
     params = h.scaled_schedule(recipe_params("paper"), args.steps)
     params.update(device=str(device), random_state=args.seed, precision=args.precision)
     result = {
-        "environment": environment(device),
+        "environment": h.environment(device),
         "steps": args.steps,
         "seed": args.seed,
         "precision": args.precision,
@@ -252,9 +174,11 @@ def main(argv=None):
         "ceiling": run_ceiling(params, data, device),
     }
     result["summary"] = summarize(result)
-    h.write_json(args.json, result)
-    h.write_text(args.table, render_table(result))
-    print(render_table(result))
+    return result
+
+
+def main(argv=None):
+    h.measure_main(parse_args(argv), measure, lambda r: render_table(r).rstrip("\n"))
 
 
 if __name__ == "__main__":

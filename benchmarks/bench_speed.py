@@ -10,15 +10,12 @@ the fixed cost of a fit; (c) complete fits of ``--accuracy-steps`` steps of
 ``--accuracy-recipe`` (``lr_decay_steps = max_iter // 4``), their wall time
 and test error (skip with ``--skip-accuracy``); (d) ``predict`` throughput.
 
-Every table, from the JSON files ``benchmarks/results/speed_<device>*.json``
-(one file per precision, compilation and recipe of (c))::
-
-    python benchmarks/bench_speed.py --device cuda --render-only
-
-Runs::
+Each run writes ``benchmarks/results/speed_<device>*.json`` (one file per
+precision, compilation and recipe of (c)); the table has a row per file::
 
     python benchmarks/bench_speed.py --device cuda [--precision bf16] [--compile]
     python benchmarks/bench_speed.py --device cpu --accuracy-steps 2000
+    python benchmarks/bench_speed.py --device cuda --render-only
 """
 
 import time
@@ -31,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from skassoc import RECIPES, recipe_params
-from skassoc.datasets import load_mnist, make_semi_supervised_labels
 
+#: The bare loop's settings: those of recipe "paper".
 LABELED_PER_CLASS = 10
 UNLABELED_BATCH = 100
 LEARNING_RATE = 1e-3
@@ -43,24 +40,16 @@ LOGIT_L2 = 1e-4
 LOG_EPSILON = 1e-8
 
 
-# --------------------------------------------------------------- (a) bare loop
-
-
 class BareMNISTNet(nn.Module):
     """x/255 -> C32 C32 P C64 C64 P C128 C128 P -> FC128 (ELU) + logit layer."""
 
     def __init__(self, embedding_dim=128, n_classes=10):
         super().__init__()
-
-        def block(cin, cout):
-            conv = (
-                nn.Conv2d(cin, cout, 3, padding=1),
-                nn.Conv2d(cout, cout, 3, padding=1),
-            )
-            return [conv[0], nn.ELU(), conv[1], nn.ELU(), nn.MaxPool2d(2, 2)]
-
-        blocks = [block(1, 32), block(32, 64), block(64, 128)]
-        self.features = nn.Sequential(*(layer for b in blocks for layer in b))
+        layers = []
+        for cin, cout in ((1, 32), (32, 64), (64, 128)):
+            layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.ELU()]
+            layers += [nn.Conv2d(cout, cout, 3, padding=1), nn.ELU(), nn.MaxPool2d(2)]
+        self.features = nn.Sequential(*layers)
         self.embedding = nn.Linear(3 * 3 * 128, embedding_dim)
         self.logits = nn.Linear(embedding_dim, n_classes)
         for module in self.modules():
@@ -91,15 +80,14 @@ def bare_losses(model, a, b, labels):
     return walker, visit, logit, l2
 
 
-def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
+def bare_train(x_train, y_semi, n_steps, seed, device):
     """Train a fresh model for ``n_steps``; return it, the loop's seconds, losses."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = BareMNISTNet().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, LR_DECAY_STEPS, LR_DECAY)
-    by_class = [labeled_idx[y_train[labeled_idx] == c] for c in range(10)]
-    n_train = len(y_train)
+    by_class = [np.flatnonzero(y_semi == c) for c in range(10)]
     losses = []
     model.train()
     h.synchronize(device)
@@ -108,17 +96,15 @@ def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
         lab = np.concatenate(
             [rng.choice(idx, LABELED_PER_CLASS, replace=False) for idx in by_class]
         )
-        unl = rng.integers(0, n_train, UNLABELED_BATCH)
+        unl = rng.integers(0, len(y_semi), UNLABELED_BATCH)
         batch = x_train[torch.from_numpy(np.concatenate([lab, unl])).to(device)]
-        labels = torch.from_numpy(y_train[lab]).to(device)
+        labels = torch.from_numpy(y_semi[lab]).to(device)
         emb = model.embed(batch)
-        walker, visit, logit, l2 = bare_losses(
-            model, emb[: len(lab)], emb[len(lab) :], labels
-        )
+        a, b = emb[: len(lab)], emb[len(lab) :]
+        walker, visit, logit, l2 = bare_losses(model, a, b, labels)
         association = walker + visit + logit
-        loss = association + l2
         optimizer.zero_grad()
-        loss.backward()
+        (association + l2).backward()
         optimizer.step()
         scheduler.step()
         # Without the L2 term, like skassoc's history_ (where L2 is Adam's
@@ -131,13 +117,20 @@ def bare_train(x_train, y_train, labeled_idx, n_steps, seed, device):
 @torch.no_grad()
 def bare_test_error(model, x_test, y_test):
     model.eval()
-    wrong = 0
-    for start in range(0, len(x_test), 1000):
-        logits = model.logits(model.embed(x_test[start : start + 1000]))
-        wrong += int(
-            (logits.argmax(1).cpu().numpy() != y_test[start : start + 1000]).sum()
-        )
-    return 100.0 * wrong / len(y_test)
+    logits = [model.logits(model.embed(x)) for x in x_test.split(1000)]
+    predicted = torch.cat(logits).argmax(1).cpu().numpy()
+    return 100.0 * int((predicted != y_test).sum()) / len(y_test)
+
+
+def time_bare(x_train, y_semi, x_test, y_test, n_steps, n_warmup, seed, device):
+    """(a): the bare loop's figures, and its losses."""
+    xt = torch.as_tensor(x_train, dtype=torch.float32, device=device).unsqueeze(1)
+    xv = torch.as_tensor(x_test, dtype=torch.float32, device=device).unsqueeze(1)
+    bare_train(xt, y_semi, n_warmup, seed, device)
+    model, seconds, losses = bare_train(xt, y_semi, n_steps, seed, device)
+    out = dict(seconds=seconds, steps_per_s=n_steps / seconds)
+    out.update(ms_per_step=1000 * seconds / n_steps)
+    return out | {"test_error_percent": bare_test_error(model, xv, y_test)}, losses
 
 
 def skassoc_fit(x, y_semi, max_iter, args, device, recipe="paper", **overrides):
@@ -152,92 +145,52 @@ def error(predicted, y):
     return 100.0 * float(np.mean(predicted != y))
 
 
-def measure(args, device):
-    """Parts (a)-(d); the results dict (without its meta)."""
-    on_gpu = device.type == "cuda"
-    n_steps = args.steps or (2000 if on_gpu else 200)
-    n_warmup = args.warmup_steps or (50 if on_gpu else 3)
-    eval_rows = args.eval_rows or (10_000 if on_gpu else 2_000)
-    predict_rows = args.predict_rows or (100_000 if on_gpu else 20_000)
-    home = h.mnist_home(args.data_home)
-    x_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
-    x_full, y_full = load_mnist("test", data_home=home, return_X_y=True)
-    x_test, y_test = x_full[:eval_rows], y_full[:eval_rows]
-    y_semi = make_semi_supervised_labels(y_train, 10, random_state=args.seed)
-    labeled_idx = np.flatnonzero(y_semi != -1)
-    settings = dict(seed=args.seed, steps=n_steps, warmup_steps=n_warmup)
-    settings.update(precision=args.precision, compile=args.compile)
-    settings.update(eval_rows=eval_rows, predict_rows=predict_rows)
-
-    # (a) bare loop
-    xt = torch.as_tensor(x_train, dtype=torch.float32, device=device).unsqueeze(1)
-    xv = torch.as_tensor(x_test, dtype=torch.float32, device=device).unsqueeze(1)
-    bare_train(xt, y_train, labeled_idx, n_warmup, args.seed, device)
-    model, bare_s, losses = bare_train(
-        xt, y_train, labeled_idx, n_steps, args.seed, device
-    )
-    bare_err = bare_test_error(model, xv, y_test)
-    del model, xt, xv
-
-    # (b) skassoc: a warm-up fit, a short fit (the fixed cost), the timed fit.
-    _, first_s = skassoc_fit(x_train, y_semi, n_warmup, args, device)
-    _, short_s = skassoc_fit(x_train, y_semi, n_warmup, args, device)
-    clf, fit_s = skassoc_fit(x_train, y_semi, n_steps, args, device)
-    steps = clf.history_["step"]
-    window = steps[-1] - (steps[-2] if len(steps) > 1 else 0)
+def time_training(x_train, y_semi, x_test, y_test, steps, warmup, args, device):
+    """(a) and (b): the bare loop, then a warm-up fit, a short fit (the fixed
+    cost of a fit) and the timed fit of skassoc; that estimator, the figures."""
+    test = x_test, y_test
+    bare, losses = time_bare(x_train, y_semi, *test, steps, warmup, args.seed, device)
+    _, first_s = skassoc_fit(x_train, y_semi, warmup, args, device)
+    _, short_s = skassoc_fit(x_train, y_semi, warmup, args, device)
+    clf, fit_s = skassoc_fit(x_train, y_semi, steps, args, device)
+    logged = clf.history_["step"]
+    window = logged[-1] - (logged[-2] if len(logged) > 1 else 0)
+    # Over the same trailing window as skassoc's logged loss.
+    bare["final_loss"] = float(np.mean(losses[-window:]))
     marginal = None
-    if n_steps > n_warmup and fit_s > short_s:
-        marginal = (n_steps - n_warmup) / (fit_s - short_s)
-    training = {
-        "bare": {
-            "seconds": bare_s,
-            "steps_per_s": n_steps / bare_s,
-            "ms_per_step": 1000 * bare_s / n_steps,
-            # Over the same trailing window as skassoc's logged loss.
-            "final_loss": float(np.mean(losses[-window:])),
-            "test_error_percent": bare_err,
-        },
-        "skassoc": {
-            "seconds": fit_s,
-            "steps_per_s": n_steps / fit_s,
-            "ms_per_step": 1000 * fit_s / n_steps,
-            "first_fit_seconds": first_s,
-            "short_fit_steps": n_warmup,
-            "short_fit_seconds": short_s,
-            "marginal_steps_per_s": marginal,
-            "final_loss": float(clf.history_["total"][-1]),
-            "loss_window_steps": window,
-            "test_error_percent": error(clf.predict(x_test), y_test),
-        },
-        "ratio_skassoc_over_bare": bare_s / fit_s,
-        "ratio_marginal_over_bare": marginal and marginal * bare_s / n_steps,
-        "images_per_step": 200,
-    }
+    if steps > warmup and fit_s > short_s:
+        marginal = (steps - warmup) / (fit_s - short_s)
+    sk = dict(
+        seconds=fit_s, steps_per_s=steps / fit_s, ms_per_step=1000 * fit_s / steps
+    )
+    sk.update(first_fit_seconds=first_s, short_fit_steps=warmup)
+    sk.update(short_fit_seconds=short_s, marginal_steps_per_s=marginal)
+    sk.update(final_loss=float(clf.history_["total"][-1]), loss_window_steps=window)
+    sk["test_error_percent"] = error(clf.predict(x_test), y_test)
+    training = {"bare": bare, "skassoc": sk, RATIO: bare["seconds"] / fit_s}
+    training["ratio_marginal_over_bare"] = (
+        marginal and marginal * bare["seconds"] / steps
+    )
+    return clf, training | {"images_per_step": 200}
 
-    # (d) predict throughput
+
+def time_predict(clf, x_test, predict_rows, repeats, device):
+    """(d): images a second of ``predict`` on the test images and on tiles of them."""
     clf.predict(x_test[:1000])  # warm-up
     tiled = np.tile(x_test, (-(-predict_rows // len(x_test)), 1, 1))[:predict_rows]
-    predict = {"predict_batch_size": clf.predict_batch_size, "runs": {}}
-    for name, data in [(f"test_{eval_rows}", x_test), (f"tiled_{len(tiled)}", tiled)]:
-        times = []
-        for _ in range(3 if on_gpu else 1):
-            h.synchronize(device)
-            start = time.perf_counter()
-            clf.predict(data)
-            h.synchronize(device)
-            times.append(time.perf_counter() - start)
+    runs = {}
+    for name, data in [(f"test_{len(x_test)}", x_test), (f"tiled_{len(tiled)}", tiled)]:
+        times = [
+            h.timed(lambda d=data: clf.predict(d), device)[1] for _ in range(repeats)
+        ]
         seconds = float(np.median(times))
-        predict["runs"][name] = {
-            "rows": len(data),
-            "seconds": seconds,
-            "images_per_s": len(data) / seconds,
-            "repeats": len(times),
-        }
-    results = {"settings": settings, "training": training, "predict": predict}
-    if args.skip_accuracy:
-        return results
+        runs[name] = dict(rows=len(data), seconds=seconds)
+        runs[name].update(images_per_s=len(data) / seconds, repeats=repeats)
+    return {"predict_batch_size": clf.predict_batch_size, "runs": runs}
 
-    # (c) complete fits
+
+def time_to_accuracy(x_train, y_semi, x_test, y_test, args, device):
+    """(c): complete fits of ``--accuracy-steps``, their seconds and test error."""
     fits = []
     for max_iter in (int(s) for s in args.accuracy_steps.split(",") if s):
         decay = max(1, max_iter // 4)
@@ -247,18 +200,33 @@ def measure(args, device):
             max_iter,
             args,
             device,
-            recipe=args.accuracy_recipe,
+            args.accuracy_recipe,
             lr_decay_steps=decay,
         )
-        fits.append(
-            {
-                "max_iter": max_iter,
-                "lr_decay_steps": decay,
-                "fit_seconds": seconds,
-                "test_error_percent": error(clf.predict(x_full), y_full),
-            }
-        )
-    results["time_to_accuracy"] = {"recipe": args.accuracy_recipe, "fits": fits}
+        fits.append(dict(max_iter=max_iter, lr_decay_steps=decay, fit_seconds=seconds))
+        fits[-1]["test_error_percent"] = error(clf.predict(x_test), y_test)
+    return {"recipe": args.accuracy_recipe, "fits": fits}
+
+
+def measure(args, device):
+    """Parts (a)-(d); the results dict, its settings in ``meta``."""
+    on_gpu = device.type == "cuda"
+    steps = args.steps or (2000 if on_gpu else 200)
+    warmup = args.warmup_steps or (50 if on_gpu else 3)
+    eval_rows = args.eval_rows or (10_000 if on_gpu else 2_000)
+    predict_rows = args.predict_rows or (100_000 if on_gpu else 20_000)
+    x_train, y_semi, x_full, y_full = h.mnist_semi(args, args.seed)
+    test = x_full[:eval_rows], y_full[:eval_rows]
+    meta = h.environment(device)
+    meta.update(seed=args.seed, steps=steps, warmup_steps=warmup)
+    meta.update(precision=args.precision, compile=args.compile)
+    meta.update(eval_rows=eval_rows, predict_rows=predict_rows)
+    clf, training = time_training(x_train, y_semi, *test, steps, warmup, args, device)
+    predict = time_predict(clf, test[0], predict_rows, 3 if on_gpu else 1, device)
+    results = {"meta": meta, "training": training, "predict": predict}
+    if not args.skip_accuracy:
+        fits = time_to_accuracy(x_train, y_semi, x_full, y_full, args, device)
+        results["time_to_accuracy"] = fits
     return results
 
 
@@ -322,16 +290,9 @@ def main(argv=None):
     if suffix and not args.json_given:
         json_path = json_path.with_name(f"{json_path.stem}{suffix}.json")
     if not args.render_only:
-        device = h.resolve_device(args.device)
-        results = {"meta": h.environment(device), **measure(args, device)}
-        results["meta"].update(results.pop("settings"))
-        h.write_json(json_path, results)
+        h.write_json(json_path, measure(args, h.resolve_device(args.device)))
     stem = Path(args.json).stem
-    paths = sorted(Path(args.json).parent.glob(f"{stem}*.json"))
-    text = render(paths)
-    if args.table:
-        h.write_text(args.table, text + "\n")
-    print(f"{text}\n\nwrote {'' if args.render_only else json_path} {args.table}")
+    h.write_table(args, render(sorted(Path(args.json).parent.glob(f"{stem}*.json"))))
 
 
 if __name__ == "__main__":
