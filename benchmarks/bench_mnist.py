@@ -157,10 +157,14 @@ def _cases():
     fast = recipe_params("fast")
     short = {**fast, "max_iter": 1_300, "lr_warmup_steps": 130}
     timed = [("paper", paper, 3), ("fast", fast, 10), ("fast", short, 10)]
+    timed.append(("fast", {**fast, "learning_rate": 3e-3}, 10))
     for recipe, params, draws in timed:
         steps = params["max_iter"]
-        title = f'recipe "{recipe}", {steps:,} steps'
-        row = "time", f"{recipe}-{steps}", "100", params, draws, title
+        setting, title = f"{recipe}-{steps}", f'recipe "{recipe}", {steps:,} steps'
+        if params["learning_rate"] != recipe_params(recipe)["learning_rate"]:
+            setting += f"-lr{params['learning_rate']:g}"
+            title += f", learning_rate={params['learning_rate']:g}"
+        row = "time", setting, "100", params, draws, title
         yield h.Case(*row, options={"warm_up": True})
     for r in ("paper", "improved"):
         for d in range(5):

@@ -139,20 +139,22 @@ class SemiSupervisedAssociationClassifier(
     learning_rate : float, default=1e-3
         Initial learning rate of Adam.
     lr_decay : float, default=0.33
-        Factor applied to the learning rate every ``lr_decay_steps`` steps.
+        Factor applied to the learning rate every ``lr_decay_steps`` steps
+        (with ``lr_schedule="step"``).
     lr_decay_steps : int or "auto", default="auto"
         Steps between learning-rate decays; ``"auto"`` is a quarter of
         ``max_iter`` (5,000 of 20,000, as in the paper).
     lr_schedule : {"step", "cosine"}, default="step"
         How the learning rate falls. ``"step"``: by ``lr_decay`` every
-        ``lr_decay_steps`` steps (the paper's schedule). ``"cosine"``: along
-        half a cosine from ``learning_rate`` to 0 at the last step
-        (``lr_decay`` and ``lr_decay_steps`` unused); it suits short runs of
-        large batches.
+        ``lr_decay_steps`` steps counted from the first (the paper's
+        schedule). ``"cosine"``: from ``learning_rate`` after the warm-up
+        along half a cosine towards 0, which it would reach one step after
+        the last (``lr_decay`` and ``lr_decay_steps`` unused); it suits short
+        runs of large batches.
     lr_warmup_steps : int, default=0
         Steps over which the learning rate first grows linearly from
-        ``learning_rate / lr_warmup_steps`` to ``learning_rate``; the
-        schedule applies on top. Must be below the number of steps.
+        ``learning_rate / lr_warmup_steps`` to ``learning_rate``, multiplying
+        the schedule's rate. Must be below the number of steps.
     walker_weight : float, default=1.0
         Weight of the walker loss.
     visit_weight : float, default=1.0

@@ -48,9 +48,9 @@ RECIPES = {
     # steps of 300 unlabeled samples, Adam at 2e-3 after a linear warm-up of
     # 200 steps, then down to 0 along a cosine; bf16 arithmetic and
     # torch.compile (on a CPU, set compile=False: compiling there needs a C++
-    # compiler and takes longer than the fit). Higher learning rates made
-    # some fits collapse to one class. Its time and error, and those of
-    # shorter runs, are in docs/benchmarks.rst.
+    # compiler and takes longer than the fit). Its time and error, those of
+    # shorter runs, and why its learning rate is not higher are in
+    # docs/benchmarks.rst.
     "fast": {
         **{k: v for k, v in _CONSISTENCY.items() if k not in _STEP_SCHEDULE},
         "unlabeled_batch_size": 300,

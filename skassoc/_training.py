@@ -333,10 +333,11 @@ def make_optimizer(groups, learning_rate, device, capturable):
 class LearningRateFactor:
     """The learning rate's multiplier at each (0-based) step of a run.
 
-    A linear warm-up over ``lr_warmup_steps`` steps, then ``"step"``: a factor
-    of ``lr_decay`` every ``lr_decay_steps`` steps (the paper's schedule), or
-    ``"cosine"``: half a cosine from 1 down to 0 at ``max_iter``. A class,
-    not a closure, so that it is one object to test and to read.
+    A linear warm-up, ``(step + 1) / lr_warmup_steps`` over the first
+    ``lr_warmup_steps`` steps, times ``"step"``: a factor of ``lr_decay``
+    every ``lr_decay_steps`` steps counted from step 0 (the paper's
+    schedule), or ``"cosine"``: half a cosine from 1 after the warm-up down
+    to 0 at step ``max_iter``, one step after the last.
     """
 
     def __init__(self, config):
@@ -356,7 +357,13 @@ class LearningRateFactor:
 
 def make_scheduler(optimizer, config):
     """torch's ``LambdaLR`` following :class:`LearningRateFactor`."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, LearningRateFactor(config))
+    factor = LearningRateFactor(config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    # Before torch 2.4 the scheduler keeps the optimizer's tensor rate itself as
+    # its base rate (pytorch#126854), and _keep_lr_tensor writes each step's
+    # rate into that tensor: the factors would compound. Plain floats do not.
+    scheduler.base_lrs = [float(rate) for rate in scheduler.base_lrs]
+    return scheduler
 
 
 def _keep_lr_tensor(optimizer, lr_tensors):

@@ -441,7 +441,7 @@ def test_learning_rate_history_is_the_rate_of_the_logged_steps(fast_params, blob
     assert clf.history_["learning_rate"] == pytest.approx([1e-2, 5e-3, 2.5e-3, 1.25e-3])
 
 
-def test_cosine_schedule_warms_up_then_falls_to_zero(fast_params, blobs_semi):
+def test_cosine_schedule_falls_after_the_warm_up(fast_params, blobs_semi):
     X, y = blobs_semi
     params = dict(max_iter=40, learning_rate=1e-2, lr_schedule="cosine")
     clf = make_clf(fast_params, **params, lr_warmup_steps=10).fit(X, y)
@@ -451,31 +451,70 @@ def test_cosine_schedule_warms_up_then_falls_to_zero(fast_params, blobs_semi):
     assert rates[0] == pytest.approx(1e-2)
     assert rates[1:] == sorted(rates[1:], reverse=True)
     assert rates[-1] == pytest.approx(1e-2 * 0.5 * (1 + np.cos(np.pi * 29 / 30)))
-    # The warm-up started from a tenth of the rate and changed the fit.
-    warmed = make_clf(fast_params, **params, lr_warmup_steps=0).fit(X, y)
-    assert not np.allclose(warmed.predict_proba(X), clf.predict_proba(X))
+    # The warm-up changed the fit.
+    no_warm_up = make_clf(fast_params, **params, lr_warmup_steps=0).fit(X, y)
+    assert not np.allclose(no_warm_up.predict_proba(X), clf.predict_proba(X))
+
+
+def _schedule(**overrides):
+    from types import SimpleNamespace
+
+    config = dict(
+        lr_schedule="step", lr_warmup_steps=0, lr_decay=0.33, lr_decay_steps=7
+    )
+    return SimpleNamespace(**{**config, "max_iter": 30, **overrides})
+
+
+@pytest.mark.parametrize("schedule", ["step", "cosine"])
+def test_warm_up_grows_linearly_to_the_rate_then_the_schedule_runs(schedule):
+    from skassoc._training import LearningRateFactor
+
+    factor = LearningRateFactor(_schedule(lr_schedule=schedule, lr_warmup_steps=4))
+    assert [factor(step) for step in range(3)] == pytest.approx([0.25, 0.5, 0.75])
+    assert factor(3) == pytest.approx(1.0)
+    if schedule == "step":
+        # Decays count from the first step: the warm-up's steps among them.
+        assert factor(7) == pytest.approx(0.33)
+    else:
+        # The cosine starts after the warm-up and nears 0 at the last step.
+        assert factor(4) == pytest.approx(1.0)
+        assert 0 < factor(29) < min(factor(28), 0.01)
 
 
 def test_step_schedule_factors_are_torchs_steplr():
-    from types import SimpleNamespace
-
     from skassoc._training import LearningRateFactor
 
-    config = SimpleNamespace(
-        lr_schedule="step",
-        lr_warmup_steps=0,
-        lr_decay=0.33,
-        lr_decay_steps=7,
-        max_iter=30,
-    )
     weight = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([weight], lr=1.0)
     reference = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.33)
-    factor = LearningRateFactor(config)
+    factor = LearningRateFactor(_schedule())
     for step in range(30):
         assert factor(step) == pytest.approx(reference.get_last_lr()[0])
         optimizer.step()
         reference.step()
+
+
+@pytest.mark.parametrize("schedule", ["step", "cosine"])
+def test_a_tensor_rate_kept_in_place_follows_the_schedule(schedule):
+    """As in a CUDA graph: the optimizer's rate is one tensor, updated in place.
+
+    Before torch 2.4 the scheduler took that tensor as its base rate, so
+    writing each step's rate into it compounded the factors.
+    """
+    from skassoc._training import LearningRateFactor, _keep_lr_tensor, make_scheduler
+
+    config = _schedule(lr_schedule=schedule, lr_warmup_steps=3, lr_decay_steps=5)
+    rate = torch.tensor(0.1)
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=rate)
+    scheduler = make_scheduler(optimizer, config)
+    _keep_lr_tensor(optimizer, [rate])
+    factor = LearningRateFactor(config)
+    for step in range(30):
+        assert optimizer.param_groups[0]["lr"] is rate
+        assert float(rate) == pytest.approx(0.1 * factor(step), rel=1e-6)
+        optimizer.step()
+        scheduler.step()
+        _keep_lr_tensor(optimizer, [rate])
 
 
 def test_a_warm_up_as_long_as_the_fit_is_refused(fast_params, blobs_semi):
