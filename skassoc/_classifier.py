@@ -51,7 +51,7 @@ from ._settings import (
     resolve_predict_batch_size,
     step_memory_bytes,
 )
-from ._training import LR_SCHEDULES, train
+from ._training import LR_SCHEDULES, train, warn_if_labels_unlearned
 from ._utils import user_stacklevel
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
@@ -600,6 +600,7 @@ class SemiSupervisedAssociationClassifier(
                 device=device,
             ),
         )
+        warn_if_labels_unlearned(result, len(inputs.classes), settings.training)
         if result.interrupted:
             kept = (
                 f"the best-scoring weights (step {result.best_step})"

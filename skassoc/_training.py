@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from sklearn.exceptions import ConvergenceWarning
 from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
@@ -635,6 +636,39 @@ def _train(model, batches, config, device, streams, evaluate):
         interrupted=interrupted,
         best_step=best_step,
     )
+
+
+#: A fit of at least this many steps whose classification loss on the
+#: labeled batch ends above this share of ln(n_classes) gets a warning.
+UNLEARNED_MIN_STEPS = 100
+UNLEARNED_LOSS_SHARE = 0.9
+
+
+def warn_if_labels_unlearned(result, n_classes, config):
+    """Warn when a fit ends predicting its labeled batch no better than a guess.
+
+    The labeled batch holds as many samples of every class, so a network
+    whose predictions do not depend on its input (a fit that diverged into
+    one class, say) has a classification loss of at least ln(n_classes)
+    there. Short fits, fits without the loss and fits that kept their
+    best-scoring weights are not checked.
+    """
+    losses = result.history.get("logit") or [math.nan]
+    skip = result.n_iter < UNLEARNED_MIN_STEPS or result.best_step is not None
+    if skip or config.logit_weight == 0 or n_classes < 2:
+        return
+    guess = math.log(n_classes)
+    if losses[-1] >= UNLEARNED_LOSS_SHARE * guess:
+        warnings.warn(
+            f"The classification loss of the labeled samples ended at "
+            f"{losses[-1]:.3f}, no lower than a constant guess among {n_classes} "
+            f"classes ({guess:.3f}): the model predicts its own labels no better "
+            "than chance. Training that diverged into predicting one class ends "
+            "this way (lower learning_rate or lengthen lr_warmup_steps, and fit "
+            "again), as do inputs that do not tell the classes apart.",
+            ConvergenceWarning,
+            stacklevel=user_stacklevel(),
+        )
 
 
 def default_log_interval(max_iter):

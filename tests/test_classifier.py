@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import warnings
 
 import joblib
 import numpy as np
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GridSearchCV, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -515,6 +517,28 @@ def test_a_tensor_rate_kept_in_place_follows_the_schedule(schedule):
         optimizer.step()
         scheduler.step()
         _keep_lr_tensor(optimizer, [rate])
+
+
+def test_a_fit_that_ends_no_better_than_a_guess_warns(fast_params):
+    # Identical inputs: the network's output cannot depend on them, as after
+    # a fit that diverged into one class.
+    rng = np.random.RandomState(0)
+    X = np.ones((300, 4))
+    y = np.where(np.arange(300) % 10 == 0, rng.randint(0, 3, 300), -1)
+    with pytest.warns(ConvergenceWarning, match="no lower than a constant guess"):
+        make_clf(fast_params, max_iter=100).fit(X, y)
+    # Too short a fit to judge: no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        make_clf(fast_params, max_iter=30).fit(X, y)
+
+
+def test_a_fit_that_learned_its_labels_does_not_warn(fast_params, blobs_semi):
+    X, y = blobs_semi
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        clf = make_clf(fast_params, max_iter=100).fit(X, y)
+    assert clf.history_["logit"][-1] < 0.5 * np.log(len(clf.classes_))
 
 
 def test_a_warm_up_as_long_as_the_fit_is_refused(fast_params, blobs_semi):
