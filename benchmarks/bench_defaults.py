@@ -1,23 +1,14 @@
 """What a user gets with default parameters, against scikit-learn's methods.
 
-Every method is fitted on the same label draws of each data set and scored
-on its test set (the official one, else a stratified 30 %): ``skassoc``
-(``SemiSupervisedAssociationClassifier()``, only ``device`` and
-``random_state`` set; images as ``(n, h, w)`` / ``(n, c, h, w)`` arrays),
-``skassoc-labeled`` (the same on the labeled samples only),
-``label-spreading`` (knn, ``n_neighbors`` and ``alpha`` the best of a small
-grid on other label draws than the reported ones), ``self-training-lr`` and
-``self-training-hgb`` (``SelfTrainingClassifier`` around
-``LogisticRegression`` and ``HistGradientBoostingClassifier``) and
-``mlp-labeled`` (``MLPClassifier`` on the labeled samples only); the
-baselines see flat, standardised columns. Torch runs on one thread. A class
-with no more samples than the labels asked for is labeled whole. MNIST trains
-on a fixed 10,000-image subset on a CPU (all 60,000 on a GPU).
+``docs/benchmarks.rst`` describes the methods and data sets. Runs are added to
+``benchmarks/results/defaults_<device>.json`` (those there are skipped, so an
+interrupted suite resumes); the second command is a first look in under a
+minute::
 
-Runs are added to ``benchmarks/results/defaults_<device>.json`` (those there
-are skipped, so an interrupted suite resumes), each with its machine. A
-first look, well under a minute: ``--only digits --labels 5 --methods
-skassoc label-spreading``.
+    python benchmarks/bench_defaults.py --device cpu  # or cuda
+    python benchmarks/bench_defaults.py --device cpu --only digits --labels 5 \\
+        --methods skassoc label-spreading
+    python benchmarks/bench_defaults.py --device cpu --render-only
 """
 
 import json

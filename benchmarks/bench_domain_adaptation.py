@@ -1,14 +1,7 @@
 """Domain adaptation by association between generated digit domains.
 
-Two pairs, neither needing a data set beyond MNIST: ``synth-mnist``
-(``make_synthetic_digits`` -> MNIST, scored on MNIST's test images) and
-``mnist-mnistm`` (MNIST -> ``make_mnist_m_like`` of it, scored on
-``make_mnist_m_like`` of MNIST's test images), both as 3x32x32 images and
-fitted with recipe ``"domain_adaptation"``. Each pair has three cases:
-``source only`` and ``target only`` (the labeled domain alone, walker and
-visit weights 0; the latter is the ceiling) and ``adapted`` (source labeled,
-target ``-1``). Run ``d`` seeds the synthetic digits, the textures and the
-network with ``d``.
+Two pairs of domains made from MNIST, each fitted on the source only, adapted
+and on the target only; ``docs/benchmarks.rst`` says what the table measures::
 
     python benchmarks/bench_domain_adaptation.py --device cuda  # --shard I/N
     python benchmarks/bench_domain_adaptation.py --device cuda --render-only

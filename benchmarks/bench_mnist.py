@@ -1,24 +1,12 @@
 """Rerun the MNIST experiments of "Learning by Association" with skassoc.
 
-Haeusser, Mordvintsev, Cremers, CVPR 2017. Every figure is the test error (%)
-of the last checkpoint on the 10,000 MNIST test images (the ``checkpoints``
-part also shows each run's lowest error during training, only to compare with
-the paper's protocol). :data:`CASES` are the rows of the tables that
-``docs/benchmarks.rst`` includes, each with the label draws of the committed
-results; run ``d`` hides labels with ``make_semi_supervised_labels(y, k,
-random_state=d)`` and fits with ``random_state=d``. Identical runs are trained
-once and shared between the rows that show them.
-
-Every table, from ``benchmarks/results/mnist_cuda.json``::
-
-    python benchmarks/bench_mnist.py --device cuda --render-only
-
-Rerun (part of) it; runs already in the JSON are skipped::
+Haeusser, Mordvintsev, Cremers, CVPR 2017. :data:`CASES` are the rows of the
+tables in ``docs/benchmarks.rst``, whose notes say what they measure. Rerun
+(part of) them, skipping the runs the JSON holds; rebuild every table from
+``benchmarks/results/mnist_cuda.json``; a quick check on a CPU::
 
     python benchmarks/bench_mnist.py --device cuda --only 'recipes/*'
-
-Quick check on a CPU::
-
+    python benchmarks/bench_mnist.py --device cuda --render-only
     python benchmarks/bench_mnist.py --device cpu --only 'table1/*/100' \\
         --draws 1 --max-iter 20 --train-subset 3000 --eval-subset 1000 \\
         --json /tmp/m.json

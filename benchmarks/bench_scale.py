@@ -1,21 +1,12 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
-Three sections (``--only SECTION``; the JSON keeps the others) on MNIST with
-100 labels and the paper's recipe. ``search``: ``GridSearchCV`` over 8
-candidates on one fixed split (train on the training images, score on the
-test images), fitted one after another, then in 8 threads (``joblib``'s
-threading backend) or processes (``--search-modes``). ``batch``: ms a step
-with unlabeled batches of ``--unlabeled-sizes`` images (a fit less a 3-step
-fit of the same shape, after a warm-up fit) and the peak GPU memory.
-``memmap``: a pool of ``--pool-size`` images (the training images repeated,
-each copy rolled by up to two pixels) in a memory-mapped file: ms a step
-against the images in memory, and the growth of the process's private memory
-(``RssAnon`` sampled every 5 ms) during the fit.
+Three sections (``--only SECTION``; the JSON keeps the others), described in
+``docs/benchmarks.rst``; the table shows section ``batch``::
 
     python benchmarks/bench_scale.py --device cuda
     python benchmarks/bench_scale.py --device cpu --only memmap \\
         --memmap-steps 20 --pool-size 200000 --json /tmp/scale.json
-    python benchmarks/bench_scale.py --device cuda --render-only  # ``batch``
+    python benchmarks/bench_scale.py --device cuda --render-only
 """
 
 import contextlib

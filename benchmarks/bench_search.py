@@ -1,16 +1,6 @@
 """A loss-weight search of 8 candidates on one GPU: one after another vs stacked.
 
-MNIST with 100 labels, the paper's recipe shortened to ``--steps`` steps (the
-decay at the same fractions), one ``random_state`` for every fit, each timing
-after an untimed warm-up fit and covering all of ``fit`` (input checks, copy
-to the device, CUDA-graph capture): (a) the 8 candidates (``walker_weight`` x
-``visit_weight``) fitted one after another; (b) the same trained together by
-:func:`skassoc._stacked.fit_candidates`, once per stacking, each with the
-initial weights and batches of its separate fit, so that its test error
-matches (a)'s within GPU rounding; (c) the ceiling, one fit whose batches are
-8 times larger: ``8 x (mean fit of (a)) / (its time)`` is the speed-up that
-stacking would reach if 8 candidates ran as efficiently as one network on an
-8-fold batch.
+``docs/benchmarks.rst`` says what the table measures::
 
     python benchmarks/bench_search.py --device cuda --steps 2000  # 2 min, H100
     python benchmarks/bench_search.py --device cpu --steps 5 --train-subset 2000

@@ -1,17 +1,10 @@
 """Training and prediction speed of skassoc against a bare PyTorch loop.
 
-In one run on one machine (MNIST, 100 labels, the paper's recipe): (a) a bare
-PyTorch loop of the same network, losses and batches written the way a user
-writes it (eager, float32, indices drawn on the host, ``loss.item()`` every
-step; no code of skassoc), timed after a warm-up; (b) skassoc's whole
-``fit()`` of the same steps (validation, copy to the device, CUDA-graph
-capture and the steps), after a warm-up fit, and a short fit whose time gives
-the fixed cost of a fit; (c) complete fits of ``--accuracy-steps`` steps of
-``--accuracy-recipe`` (``lr_decay_steps = max_iter // 4``), their wall time
-and test error (skip with ``--skip-accuracy``); (d) ``predict`` throughput.
-
-Each run writes ``benchmarks/results/speed_<device>*.json`` (one file per
-precision, compilation and recipe of (c)); the table has a row per file::
+Parts, described in ``docs/benchmarks.rst``: (a) the bare loop, (b) skassoc's
+``fit()`` of the same steps, (c) complete fits (``--accuracy-steps``) and their
+test error, (d) ``predict`` throughput. A run writes
+``benchmarks/results/speed_<device>*.json`` (one file per precision,
+compilation and recipe of (c)); the table has a row per file::
 
     python benchmarks/bench_speed.py --device cuda [--precision bf16] [--compile]
     python benchmarks/bench_speed.py --device cpu --accuracy-steps 2000
