@@ -137,13 +137,14 @@ def _flat(X):
     return np.asarray(X, dtype=np.float64).reshape(len(X), -1)
 
 
-def make_model(method, device, draw, spreading, params):
-    """The estimator of ``method``; the baselines see flat standardised columns
-    (but for the trees)."""
+def fit_method(method, X, y_semi, device, draw, spreading):
+    """``method`` fitted on ``X, y_semi`` (its labeled samples for "-labeled");
+    the baselines see flat standardised columns (but for the trees)."""
+    if method.endswith("-labeled"):
+        X, y_semi = X[y_semi != -1], y_semi[y_semi != -1]
     if method.startswith("skassoc"):
-        return SemiSupervisedAssociationClassifier(
-            device=device, random_state=draw, **params
-        )
+        model = SemiSupervisedAssociationClassifier(device=device, random_state=draw)
+        return model.fit(X, y_semi)
     if method == "label-spreading":
         model = [StandardScaler(), LabelSpreading(kernel="knn", **spreading)]
     elif method == "self-training-lr":
@@ -154,15 +155,7 @@ def make_model(method, device, draw, spreading, params):
         model = [SelfTrainingClassifier(base)]
     else:
         model = [StandardScaler(), MLPClassifier(max_iter=2000, random_state=draw)]
-    return make_pipeline(FunctionTransformer(_flat), *model)
-
-
-def fit_method(method, X, y_semi, device, draw, spreading_params, params):
-    """Fit ``method`` on ``X, y_semi`` (its labeled samples for "-labeled")."""
-    model = make_model(method, device, draw, spreading_params, params)
-    if method.endswith("-labeled"):
-        X, y_semi = X[y_semi != -1], y_semi[y_semi != -1]
-    return model.fit(X, y_semi)
+    return make_pipeline(FunctionTransformer(_flat), *model).fit(X, y_semi)
 
 
 def tune_spreading(X, X_test, y, y_test, labels_per_class):
@@ -172,7 +165,7 @@ def tune_spreading(X, X_test, y, y_test, labels_per_class):
         scores = []
         for draw in TUNING_DRAWS:
             y_semi = draw_labels(y, labels_per_class, draw)
-            model = fit_method("label-spreading", X, y_semi, "cpu", draw, params, {})
+            model = fit_method("label-spreading", X, y_semi, "cpu", draw, params)
             scores.append(model.score(X_test, y_test))
         return float(np.mean(scores))
 
@@ -183,9 +176,8 @@ def run_one(name, data, labels, method, draw, spreading, args):
     """Fit and score one run; its JSON record."""
     X, X_test, y, y_test = data
     y_semi = draw_labels(y, labels, draw)
-    params = json.loads(args.params) if args.params else {}
     start = time.perf_counter()
-    model = fit_method(method, X, y_semi, args.device, draw, spreading, params)
+    model = fit_method(method, X, y_semi, args.device, draw, spreading)
     seconds = time.perf_counter() - start
     run = dict(dataset=name, labels=labels, method=method, draw=draw)
     run["accuracy"] = float(model.score(X_test, y_test))
@@ -195,8 +187,6 @@ def run_one(name, data, labels, method, draw, spreading, args):
         run["params"] = spreading
     if method.startswith("skassoc"):
         run.update(n_iter=int(model.n_iter_), network=model.network_)
-        if params:
-            run["params"] = params
     return run
 
 
@@ -282,7 +272,6 @@ def main(argv=None):
     add("--only", nargs="*", help="data sets to run (names)")
     add("--labels", type=int, nargs="*", default=[5, 10], help="labels per class")
     add("--methods", nargs="*", choices=METHODS)
-    add("--params", help="JSON of skassoc parameters (experiments only)")
     args = h.parse(parser, argv)
     if not args.render_only:
         args.device = str(h.resolve_device(args.device))

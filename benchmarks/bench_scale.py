@@ -9,7 +9,6 @@ Three sections (``--only SECTION``; the JSON keeps the others), described in
     python benchmarks/bench_scale.py --device cuda --render-only
 """
 
-import contextlib
 import re
 import tempfile
 import threading
@@ -52,22 +51,16 @@ def run_search(data, args, device):
     # Warm-up: CUDA context, cuDNN autotuning, allocator.
     h.timed_fit(X_train, y_semi, recipe(50, device), device)
     rows = []
-    for mode in args.search_modes:
+    for mode in ("serial", "threads"):
         search = GridSearchCV(estimator, SEARCH_GRID, cv=split, refit=False)
-        backend = contextlib.nullcontext()
-        if mode == "threads":
-            backend = joblib.parallel_backend("threading", n_jobs=8)
-        else:
-            search.set_params(n_jobs=1 if mode == "serial" else 8)
-        with backend:
+        with joblib.parallel_backend("threading", n_jobs=8 if mode == "threads" else 1):
             _, seconds = h.timed(lambda search=search: search.fit(X, y), device)
         errors = [100 * (1 - s) for s in search.cv_results_["mean_test_score"]]
         row = dict(mode=mode, candidates=len(errors), steps_per_fit=args.search_steps)
         rows.append(row | {"seconds": seconds, "test_error_percent": errors})
         print(f"search {mode}: {seconds:.1f} s", flush=True)
-    serial = next((r["seconds"] for r in rows if r["mode"] == "serial"), None)
     for row in rows:
-        row["speedup_vs_serial"] = serial / row["seconds"] if serial else None
+        row["speedup_vs_serial"] = rows[0]["seconds"] / row["seconds"]
     return rows
 
 
@@ -217,8 +210,6 @@ def main(argv=None):
     add("--only", action="append", choices=list(SECTIONS), help="run this section")
     add("--seed", type=int, default=0, help="label draw")
     add("--search-steps", type=int, default=2000)
-    modes = ["serial", "threads", "processes"]
-    add("--search-modes", nargs="+", default=modes[:2], choices=modes)
     add("--unlabeled-sizes", type=int, nargs="+", default=[1000, 5000, 20000, 60000])
     add("--precisions", nargs="+", default=["tf32", "bf16"])
     add("--batch-steps", type=int, default=23)
