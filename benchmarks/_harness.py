@@ -466,6 +466,11 @@ def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
     return {**out, **scores(y_test, predicted)}
 
 
+def error_percent(y_pred, y_true):
+    """The share (%) of ``y_pred`` that differs from ``y_true``."""
+    return 100.0 * float(np.mean(np.asarray(y_pred) != y_true))
+
+
 def scores(y_true, y_pred):
     """Test error (%), the three most frequent confusions ``[true, predicted,
     count]`` and the test indices of the first of them."""
@@ -481,7 +486,7 @@ def scores(y_true, y_pred):
         indices = np.flatnonzero((y_true == true) & (y_pred == predicted)).tolist()
     return {
         "n_eval": int(len(y_true)),
-        "test_error_percent": 100.0 * float(np.mean(y_pred != y_true)),
+        "test_error_percent": error_percent(y_pred, y_true),
         "most_confused": confused,
         "most_confused_indices": indices,
     }

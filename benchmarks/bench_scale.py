@@ -164,7 +164,7 @@ def run_memmap(data, args, device):
         row["ms_per_step_in_memory_60k"] = 1000 * in_memory_seconds / args.memmap_steps
         row["peak_private_memory_growth_mib"] = grown
         row["process_peak_rss_mib"] = (_status_kib("VmHWM") or 0) / 1024
-        row["test_error_percent"] = 100 * float(np.mean(clf.predict(X_test) != y_test))
+        row["test_error_percent"] = h.error_percent(clf.predict(X_test), y_test)
         if device.type == "cuda":
             row["peak_gpu_mib"] = peak_gpu_mib(device)
         del pool, clf, fit

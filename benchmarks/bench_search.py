@@ -10,7 +10,6 @@
 import warnings
 
 import _harness as h
-import numpy as np
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
 from skassoc._stacked import fit_candidates
@@ -46,7 +45,7 @@ def _warm_up(params):
 def test_error(estimator, X_test, y_test):
     if not hasattr(estimator, "model_"):
         return None
-    return 100.0 * float(np.mean(estimator.predict(X_test) != y_test))
+    return h.error_percent(estimator.predict(X_test), y_test)
 
 
 def run_serial(params, data, device):
