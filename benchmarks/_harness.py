@@ -130,22 +130,23 @@ def environment(device):
     }
 
 
-def mnist_home(data_home=None):
-    """The MNIST folder: ``data_home``, $SKASSOC_MNIST_DIR or a shared/ copy;
-    None leaves it to :func:`skassoc.datasets.load_mnist`."""
+def load_mnist_sets(data_home=None):
+    """MNIST's training and test ``(X, y)`` from ``data_home``, $SKASSOC_MNIST_DIR
+    or a shared/ copy (else where :func:`skassoc.datasets.load_mnist` looks)."""
+    from skassoc.datasets import load_mnist
+
     candidates = [data_home, os.environ.get("SKASSOC_MNIST_DIR")]
     candidates += [root / "shared/data/mnist" for root in (REPO_ROOT.parent, REPO_ROOT)]
-    return next((str(c) for c in candidates if c and Path(c).is_dir()), data_home)
+    home = next((str(c) for c in candidates if c and Path(c).is_dir()), data_home)
+    return [load_mnist(s, data_home=home, return_X_y=True) for s in ("train", "test")]
 
 
 def mnist_semi(args, label_seed, n_train=None):
     """MNIST's first ``n_train`` training images (all by default) with 10
     labels a class drawn with ``label_seed``: ``X, y_semi, X_test, y_test``."""
-    from skassoc.datasets import load_mnist, make_semi_supervised_labels
+    from skassoc.datasets import make_semi_supervised_labels
 
-    home = mnist_home(args.data_home)
-    X, y = load_mnist("train", data_home=home, return_X_y=True)
-    X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+    (X, y), (X_test, y_test) = load_mnist_sets(args.data_home)
     y_semi = make_semi_supervised_labels(y[:n_train], 10, random_state=label_seed)
     return X[:n_train], y_semi, X_test, y_test
 
@@ -321,19 +322,13 @@ def main(cases, args, fit, render, load_data, common=None):
     and ``fit_seconds``); ``render(results)`` returns the table's text.
     """
     json_path = Path(args.json)
-    if args.merge:
-        results = merge(args.merge)
-    elif json_path.is_file():
-        results = load_json(json_path)
-    else:
-        results = {"meta": {}, "rows": [], "runs": {}}
     if args.render_only:
-        if not json_path.is_file():
-            raise SystemExit(f"error: --render-only needs the results {json_path}")
-        return _save(results, args, render, write=False)
+        return measure_main(args, None, render)
     if args.merge:
-        return _save(results, args, render)
-
+        return _save(merge(args.merge), args, render)
+    results = {"meta": {}, "rows": [], "runs": {}}
+    if json_path.is_file():
+        results = load_json(json_path)
     device = resolve_device(args.device)
     common = dict(common or {})
     rows, jobs = plan(cases, args, device.type, common)
@@ -388,9 +383,8 @@ def _fit_run(signature, config, fit, data, device, results):
     return record
 
 
-def _save(results, args, render, write=True):
-    if write:
-        write_json(args.json, results)
+def _save(results, args, render):
+    write_json(args.json, results)
     write_table(args, render(results))
     return results
 
@@ -406,9 +400,9 @@ def measure_main(args, measure, render):
     """For the scripts without cases: ``measure(args)`` written to ``--json``
     (read from it with ``--render-only``), then ``render(results)``, unless
     None, to ``--table``."""
-    if args.render_only and not Path(args.json).is_file():
-        raise SystemExit(f"error: --render-only needs the results {args.json}")
     if args.render_only:
+        if not Path(args.json).is_file():
+            raise SystemExit(f"error: --render-only needs the results {args.json}")
         results = load_json(args.json)
     else:
         results = measure(args)

@@ -36,11 +36,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc.datasets import (
-    load_mnist,
-    make_semi_supervised_labels,
-    make_synthetic_digits,
-)
+from skassoc.datasets import make_semi_supervised_labels, make_synthetic_digits
 
 #: The shared data folder (``../shared/data`` from the repository's root).
 DATA = Path(os.environ.get("SKASSOC_SHARED_DATA", h.REPO_ROOT.parent / "shared/data"))
@@ -71,8 +67,8 @@ def _semeion():
 def _mnist():
     if not (DATA / "mnist").is_dir():
         raise FileNotFoundError(DATA / "mnist")
-    train = load_mnist("train", data_home=DATA / "mnist", return_X_y=True)
-    return *train, *load_mnist("test", data_home=DATA / "mnist", return_X_y=True)
+    (X, y), (X_test, y_test) = h.load_mnist_sets(DATA / "mnist")
+    return X, y, X_test, y_test
 
 
 def _synthetic():

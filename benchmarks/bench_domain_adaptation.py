@@ -13,12 +13,7 @@ import _harness as h
 import numpy as np
 
 from skassoc import recipe_params
-from skassoc.datasets import (
-    format_images,
-    load_mnist,
-    make_mnist_m_like,
-    make_synthetic_digits,
-)
+from skassoc.datasets import format_images, make_mnist_m_like, make_synthetic_digits
 
 #: pair -> (title, overrides of the recipe, the paper's error %).
 PAIRS = {
@@ -54,9 +49,7 @@ class Domains:
     """The 3x32x32 images of a pair and seed, made once each."""
 
     def __init__(self, args):
-        home = h.mnist_home(args.data_home)
-        self.mnist = load_mnist("train", data_home=home, return_X_y=True)
-        self.mnist_test = load_mnist("test", data_home=home, return_X_y=True)
+        self.mnist, self.mnist_test = h.load_mnist_sets(args.data_home)
 
     @functools.lru_cache(maxsize=1)  # noqa: B019 (one instance a process)
     def __call__(self, pair, seed, source_size):

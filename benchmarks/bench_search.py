@@ -14,12 +14,10 @@ import _harness as h
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
 from skassoc._stacked import fit_candidates
 
-WALKER_WEIGHTS = (0.5, 1.0, 1.5, 2.0)
-VISIT_WEIGHTS = (0.5, 1.0)
 CANDIDATES = [
     {"walker_weight": w, "visit_weight": v}
-    for v in VISIT_WEIGHTS
-    for w in WALKER_WEIGHTS
+    for v in (0.5, 1.0)
+    for w in (0.5, 1.0, 1.5, 2.0)
 ]
 STACKINGS = ("streams", "vmap")
 WARMUP_STEPS = 50
@@ -82,11 +80,8 @@ def run_ceiling(params, data, device):
     """One fit whose batches are 8 times those of one candidate's fit."""
     X, y, _, _ = data
     k = len(CANDIDATES)
-    big = {
-        **params,
-        "labeled_per_class": params["labeled_per_class"] * k,
-        "unlabeled_batch_size": params["unlabeled_batch_size"] * k,
-    }
+    big = dict(params, labeled_per_class=params["labeled_per_class"] * k)
+    big["unlabeled_batch_size"] = params["unlabeled_batch_size"] * k
     with warnings.catch_warnings():
         # 80 labeled a class from 10: drawn with replacement, which is fine here.
         warnings.simplefilter("ignore", UserWarning)
