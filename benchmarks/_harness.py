@@ -315,12 +315,9 @@ def merge(paths):
 
 
 def main(cases, args, fit, render, load_data, common=None):
-    """Run the picked cases (resuming from ``args.json``), then render the table.
-
-    ``load_data(args)`` returns what ``fit(config, data, device)`` needs;
-    ``fit`` returns the run's measurements (at least ``test_error_percent``
-    and ``fit_seconds``); ``render(results)`` returns the table's text.
-    """
+    """Run the picked cases (resuming from ``args.json``), then render the table:
+    ``fit(config, load_data(args), device)`` returns a run's measurements (at
+    least ``test_error_percent`` and ``fit_seconds``), ``render(results)`` text."""
     json_path = Path(args.json)
     if args.render_only:
         return measure_main(args, None, render)
@@ -431,11 +428,8 @@ def timed_fit(X, y, params, device, **fit_params):
 
 
 def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
-    """Fit one SemiSupervisedAssociationClassifier and score its last step.
-
-    With ``validation`` the test error is also measured during the fit
-    (every ``validation_interval`` steps) and its lowest value recorded.
-    """
+    """Fit one SemiSupervisedAssociationClassifier and score its last step; with
+    ``validation`` also every ``validation_interval`` steps, and record the lowest."""
     extra = {"X_val": X_test, "y_val": y_test} if validation else {}
     clf, seconds = timed_fit(X, y, {**params, "device": str(device)}, device, **extra)
     out = {"fit_seconds": seconds}
@@ -506,12 +500,9 @@ def fmt(value, digits=2):
 
 
 def median_interval(values, confidence=MEDIAN_CONFIDENCE):
-    """Distribution-free confidence interval of the median of ``values``.
-
-    The order statistics x(k) and x(n + 1 - k), for the largest k with
-    P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2; None with too few values
-    (fewer than 6 at 95 %).
-    """
+    """Distribution-free confidence interval of the median of ``values``: x(k) and
+    x(n + 1 - k) for the largest k with P(Binomial(n, 1/2) < k) <= (1 - confidence)
+    / 2; None with too few values (fewer than 6 at 95 %)."""
     from scipy.stats import binom
 
     values = np.sort(np.asarray(values, dtype=float))
