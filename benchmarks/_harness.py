@@ -130,22 +130,23 @@ def environment(device):
     }
 
 
-def mnist_home(data_home=None):
-    """The MNIST folder: ``data_home``, $SKASSOC_MNIST_DIR or a shared/ copy;
-    None leaves it to :func:`skassoc.datasets.load_mnist`."""
+def load_mnist_sets(data_home=None):
+    """MNIST's training and test ``(X, y)`` from ``data_home``, $SKASSOC_MNIST_DIR
+    or a shared/ copy (else where :func:`skassoc.datasets.load_mnist` looks)."""
+    from skassoc.datasets import load_mnist
+
     candidates = [data_home, os.environ.get("SKASSOC_MNIST_DIR")]
     candidates += [root / "shared/data/mnist" for root in (REPO_ROOT.parent, REPO_ROOT)]
-    return next((str(c) for c in candidates if c and Path(c).is_dir()), data_home)
+    home = next((str(c) for c in candidates if c and Path(c).is_dir()), data_home)
+    return [load_mnist(s, data_home=home, return_X_y=True) for s in ("train", "test")]
 
 
 def mnist_semi(args, label_seed, n_train=None):
     """MNIST's first ``n_train`` training images (all by default) with 10
     labels a class drawn with ``label_seed``: ``X, y_semi, X_test, y_test``."""
-    from skassoc.datasets import load_mnist, make_semi_supervised_labels
+    from skassoc.datasets import make_semi_supervised_labels
 
-    home = mnist_home(args.data_home)
-    X, y = load_mnist("train", data_home=home, return_X_y=True)
-    X_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+    (X, y), (X_test, y_test) = load_mnist_sets(args.data_home)
     y_semi = make_semi_supervised_labels(y[:n_train], 10, random_state=label_seed)
     return X[:n_train], y_semi, X_test, y_test
 
@@ -314,26 +315,17 @@ def merge(paths):
 
 
 def main(cases, args, fit, render, load_data, common=None):
-    """Run the picked cases (resuming from ``args.json``), then render the table.
-
-    ``load_data(args)`` returns what ``fit(config, data, device)`` needs;
-    ``fit`` returns the run's measurements (at least ``test_error_percent``
-    and ``fit_seconds``); ``render(results)`` returns the table's text.
-    """
+    """Run the picked cases (resuming from ``args.json``), then render the table:
+    ``fit(config, load_data(args), device)`` returns a run's measurements (at
+    least ``test_error_percent`` and ``fit_seconds``), ``render(results)`` text."""
     json_path = Path(args.json)
-    if args.merge:
-        results = merge(args.merge)
-    elif json_path.is_file():
-        results = load_json(json_path)
-    else:
-        results = {"meta": {}, "rows": [], "runs": {}}
     if args.render_only:
-        if not json_path.is_file():
-            raise SystemExit(f"error: --render-only needs the results {json_path}")
-        return _save(results, args, render, write=False)
+        return measure_main(args, None, render)
     if args.merge:
-        return _save(results, args, render)
-
+        return _save(merge(args.merge), args, render)
+    results = {"meta": {}, "rows": [], "runs": {}}
+    if json_path.is_file():
+        results = load_json(json_path)
     device = resolve_device(args.device)
     common = dict(common or {})
     rows, jobs = plan(cases, args, device.type, common)
@@ -388,9 +380,8 @@ def _fit_run(signature, config, fit, data, device, results):
     return record
 
 
-def _save(results, args, render, write=True):
-    if write:
-        write_json(args.json, results)
+def _save(results, args, render):
+    write_json(args.json, results)
     write_table(args, render(results))
     return results
 
@@ -406,9 +397,9 @@ def measure_main(args, measure, render):
     """For the scripts without cases: ``measure(args)`` written to ``--json``
     (read from it with ``--render-only``), then ``render(results)``, unless
     None, to ``--table``."""
-    if args.render_only and not Path(args.json).is_file():
-        raise SystemExit(f"error: --render-only needs the results {args.json}")
     if args.render_only:
+        if not Path(args.json).is_file():
+            raise SystemExit(f"error: --render-only needs the results {args.json}")
         results = load_json(args.json)
     else:
         results = measure(args)
@@ -437,11 +428,8 @@ def timed_fit(X, y, params, device, **fit_params):
 
 
 def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
-    """Fit one SemiSupervisedAssociationClassifier and score its last step.
-
-    With ``validation`` the test error is also measured during the fit
-    (every ``validation_interval`` steps) and its lowest value recorded.
-    """
+    """Fit one SemiSupervisedAssociationClassifier and score its last step; with
+    ``validation`` also every ``validation_interval`` steps, and record the lowest."""
     extra = {"X_val": X_test, "y_val": y_test} if validation else {}
     clf, seconds = timed_fit(X, y, {**params, "device": str(device)}, device, **extra)
     out = {"fit_seconds": seconds}
@@ -466,6 +454,11 @@ def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
     return {**out, **scores(y_test, predicted)}
 
 
+def error_percent(y_pred, y_true):
+    """The share (%) of ``y_pred`` that differs from ``y_true``."""
+    return 100.0 * float(np.mean(np.asarray(y_pred) != y_true))
+
+
 def scores(y_true, y_pred):
     """Test error (%), the three most frequent confusions ``[true, predicted,
     count]`` and the test indices of the first of them."""
@@ -481,7 +474,7 @@ def scores(y_true, y_pred):
         indices = np.flatnonzero((y_true == true) & (y_pred == predicted)).tolist()
     return {
         "n_eval": int(len(y_true)),
-        "test_error_percent": 100.0 * float(np.mean(y_pred != y_true)),
+        "test_error_percent": error_percent(y_pred, y_true),
         "most_confused": confused,
         "most_confused_indices": indices,
     }
@@ -507,12 +500,9 @@ def fmt(value, digits=2):
 
 
 def median_interval(values, confidence=MEDIAN_CONFIDENCE):
-    """Distribution-free confidence interval of the median of ``values``.
-
-    The order statistics x(k) and x(n + 1 - k), for the largest k with
-    P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2; None with too few values
-    (fewer than 6 at 95 %).
-    """
+    """Distribution-free confidence interval of the median of ``values``: x(k) and
+    x(n + 1 - k) for the largest k with P(Binomial(n, 1/2) < k) <= (1 - confidence)
+    / 2; None with too few values (fewer than 6 at 95 %)."""
     from scipy.stats import binom
 
     values = np.sort(np.asarray(values, dtype=float))

@@ -1,23 +1,14 @@
 """What a user gets with default parameters, against scikit-learn's methods.
 
-Every method is fitted on the same label draws of each data set and scored
-on its test set (the official one, else a stratified 30 %): ``skassoc``
-(``SemiSupervisedAssociationClassifier()``, only ``device`` and
-``random_state`` set; images as ``(n, h, w)`` / ``(n, c, h, w)`` arrays),
-``skassoc-labeled`` (the same on the labeled samples only),
-``label-spreading`` (knn, ``n_neighbors`` and ``alpha`` the best of a small
-grid on other label draws than the reported ones), ``self-training-lr`` and
-``self-training-hgb`` (``SelfTrainingClassifier`` around
-``LogisticRegression`` and ``HistGradientBoostingClassifier``) and
-``mlp-labeled`` (``MLPClassifier`` on the labeled samples only); the
-baselines see flat, standardised columns. Torch runs on one thread. A class
-with no more samples than the labels asked for is labeled whole. MNIST trains
-on a fixed 10,000-image subset on a CPU (all 60,000 on a GPU).
+``docs/benchmarks.rst`` describes the methods and data sets. Runs are added to
+``benchmarks/results/defaults_<device>.json`` (those there are skipped, so an
+interrupted suite resumes); the second command is a first look in under a
+minute::
 
-Runs are added to ``benchmarks/results/defaults_<device>.json`` (those there
-are skipped, so an interrupted suite resumes), each with its machine. A
-first look, well under a minute: ``--only digits --labels 5 --methods
-skassoc label-spreading``.
+    python benchmarks/bench_defaults.py --device cpu  # or cuda
+    python benchmarks/bench_defaults.py --device cpu --only digits --labels 5 \\
+        --methods skassoc label-spreading
+    python benchmarks/bench_defaults.py --device cpu --render-only
 """
 
 import json
@@ -45,11 +36,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc.datasets import (
-    load_mnist,
-    make_semi_supervised_labels,
-    make_synthetic_digits,
-)
+from skassoc.datasets import make_semi_supervised_labels, make_synthetic_digits
 
 #: The shared data folder (``../shared/data`` from the repository's root).
 DATA = Path(os.environ.get("SKASSOC_SHARED_DATA", h.REPO_ROOT.parent / "shared/data"))
@@ -80,8 +67,8 @@ def _semeion():
 def _mnist():
     if not (DATA / "mnist").is_dir():
         raise FileNotFoundError(DATA / "mnist")
-    train = load_mnist("train", data_home=DATA / "mnist", return_X_y=True)
-    return *train, *load_mnist("test", data_home=DATA / "mnist", return_X_y=True)
+    (X, y), (X_test, y_test) = h.load_mnist_sets(DATA / "mnist")
+    return X, y, X_test, y_test
 
 
 def _synthetic():
@@ -146,13 +133,14 @@ def _flat(X):
     return np.asarray(X, dtype=np.float64).reshape(len(X), -1)
 
 
-def make_model(method, device, draw, spreading, params):
-    """The estimator of ``method``; the baselines see flat standardised columns
-    (but for the trees)."""
+def fit_method(method, X, y_semi, device, draw, spreading):
+    """``method`` fitted on ``X, y_semi`` (its labeled samples for "-labeled");
+    the baselines see flat standardised columns (but for the trees)."""
+    if method.endswith("-labeled"):
+        X, y_semi = X[y_semi != -1], y_semi[y_semi != -1]
     if method.startswith("skassoc"):
-        return SemiSupervisedAssociationClassifier(
-            device=device, random_state=draw, **params
-        )
+        model = SemiSupervisedAssociationClassifier(device=device, random_state=draw)
+        return model.fit(X, y_semi)
     if method == "label-spreading":
         model = [StandardScaler(), LabelSpreading(kernel="knn", **spreading)]
     elif method == "self-training-lr":
@@ -163,15 +151,7 @@ def make_model(method, device, draw, spreading, params):
         model = [SelfTrainingClassifier(base)]
     else:
         model = [StandardScaler(), MLPClassifier(max_iter=2000, random_state=draw)]
-    return make_pipeline(FunctionTransformer(_flat), *model)
-
-
-def fit_method(method, X, y_semi, device, draw, spreading_params, params):
-    """Fit ``method`` on ``X, y_semi`` (its labeled samples for "-labeled")."""
-    model = make_model(method, device, draw, spreading_params, params)
-    if method.endswith("-labeled"):
-        X, y_semi = X[y_semi != -1], y_semi[y_semi != -1]
-    return model.fit(X, y_semi)
+    return make_pipeline(FunctionTransformer(_flat), *model).fit(X, y_semi)
 
 
 def tune_spreading(X, X_test, y, y_test, labels_per_class):
@@ -181,7 +161,7 @@ def tune_spreading(X, X_test, y, y_test, labels_per_class):
         scores = []
         for draw in TUNING_DRAWS:
             y_semi = draw_labels(y, labels_per_class, draw)
-            model = fit_method("label-spreading", X, y_semi, "cpu", draw, params, {})
+            model = fit_method("label-spreading", X, y_semi, "cpu", draw, params)
             scores.append(model.score(X_test, y_test))
         return float(np.mean(scores))
 
@@ -192,9 +172,8 @@ def run_one(name, data, labels, method, draw, spreading, args):
     """Fit and score one run; its JSON record."""
     X, X_test, y, y_test = data
     y_semi = draw_labels(y, labels, draw)
-    params = json.loads(args.params) if args.params else {}
     start = time.perf_counter()
-    model = fit_method(method, X, y_semi, args.device, draw, spreading, params)
+    model = fit_method(method, X, y_semi, args.device, draw, spreading)
     seconds = time.perf_counter() - start
     run = dict(dataset=name, labels=labels, method=method, draw=draw)
     run["accuracy"] = float(model.score(X_test, y_test))
@@ -204,8 +183,6 @@ def run_one(name, data, labels, method, draw, spreading, args):
         run["params"] = spreading
     if method.startswith("skassoc"):
         run.update(n_iter=int(model.n_iter_), network=model.network_)
-        if params:
-            run["params"] = params
     return run
 
 
@@ -291,7 +268,6 @@ def main(argv=None):
     add("--only", nargs="*", help="data sets to run (names)")
     add("--labels", type=int, nargs="*", default=[5, 10], help="labels per class")
     add("--methods", nargs="*", choices=METHODS)
-    add("--params", help="JSON of skassoc parameters (experiments only)")
     args = h.parse(parser, argv)
     if not args.render_only:
         args.device = str(h.resolve_device(args.device))

@@ -1,14 +1,7 @@
 """Domain adaptation by association between generated digit domains.
 
-Two pairs, neither needing a data set beyond MNIST: ``synth-mnist``
-(``make_synthetic_digits`` -> MNIST, scored on MNIST's test images) and
-``mnist-mnistm`` (MNIST -> ``make_mnist_m_like`` of it, scored on
-``make_mnist_m_like`` of MNIST's test images), both as 3x32x32 images and
-fitted with recipe ``"domain_adaptation"``. Each pair has three cases:
-``source only`` and ``target only`` (the labeled domain alone, walker and
-visit weights 0; the latter is the ceiling) and ``adapted`` (source labeled,
-target ``-1``). Run ``d`` seeds the synthetic digits, the textures and the
-network with ``d``.
+Two pairs of domains made from MNIST, each fitted on the source only, adapted
+and on the target only; ``docs/benchmarks.rst`` says what the table measures::
 
     python benchmarks/bench_domain_adaptation.py --device cuda  # --shard I/N
     python benchmarks/bench_domain_adaptation.py --device cuda --render-only
@@ -20,12 +13,7 @@ import _harness as h
 import numpy as np
 
 from skassoc import recipe_params
-from skassoc.datasets import (
-    format_images,
-    load_mnist,
-    make_mnist_m_like,
-    make_synthetic_digits,
-)
+from skassoc.datasets import format_images, make_mnist_m_like, make_synthetic_digits
 
 #: pair -> (title, overrides of the recipe, the paper's error %).
 PAIRS = {
@@ -61,9 +49,7 @@ class Domains:
     """The 3x32x32 images of a pair and seed, made once each."""
 
     def __init__(self, args):
-        home = h.mnist_home(args.data_home)
-        self.mnist = load_mnist("train", data_home=home, return_X_y=True)
-        self.mnist_test = load_mnist("test", data_home=home, return_X_y=True)
+        self.mnist, self.mnist_test = h.load_mnist_sets(args.data_home)
 
     @functools.lru_cache(maxsize=1)  # noqa: B019 (one instance a process)
     def __call__(self, pair, seed, source_size):

@@ -1,24 +1,12 @@
 """Rerun the MNIST experiments of "Learning by Association" with skassoc.
 
-Haeusser, Mordvintsev, Cremers, CVPR 2017. Every figure is the test error (%)
-of the last checkpoint on the 10,000 MNIST test images (the ``checkpoints``
-part also shows each run's lowest error during training, only to compare with
-the paper's protocol). :data:`CASES` are the rows of the tables that
-``docs/benchmarks.rst`` includes, each with the label draws of the committed
-results; run ``d`` hides labels with ``make_semi_supervised_labels(y, k,
-random_state=d)`` and fits with ``random_state=d``. Identical runs are trained
-once and shared between the rows that show them.
-
-Every table, from ``benchmarks/results/mnist_cuda.json``::
-
-    python benchmarks/bench_mnist.py --device cuda --render-only
-
-Rerun (part of) it; runs already in the JSON are skipped::
+Haeusser, Mordvintsev, Cremers, CVPR 2017. :data:`CASES` are the rows of the
+tables in ``docs/benchmarks.rst``, whose notes say what they measure. Rerun
+(part of) them, skipping the runs the JSON holds; rebuild every table from
+``benchmarks/results/mnist_cuda.json``; a quick check on a CPU::
 
     python benchmarks/bench_mnist.py --device cuda --only 'recipes/*'
-
-Quick check on a CPU::
-
+    python benchmarks/bench_mnist.py --device cuda --render-only
     python benchmarks/bench_mnist.py --device cpu --only 'table1/*/100' \\
         --draws 1 --max-iter 20 --train-subset 3000 --eval-subset 1000 \\
         --json /tmp/m.json
@@ -31,7 +19,7 @@ import _harness as h
 import numpy as np
 
 from skassoc import recipe_params
-from skassoc.datasets import load_mnist, make_semi_supervised_labels
+from skassoc.datasets import make_semi_supervised_labels
 
 #: Labels per class of each setting (None: all labels, ``y`` as is).
 LABELS_PER_CLASS = {"100": 10, "1000": 100, "all": None}
@@ -106,12 +94,10 @@ def _paper(**overrides):
 
 
 def _ablation_title(name):
-    overrides = ABLATIONS[name]
-    shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+    shown = ", ".join(f"{k}={v!r}" for k, v in ABLATIONS[name].items())
     fit_on = ABLATION_FIT_ON.get(name, "all")
-    return f"{name} ({shown}" + (
-        f"; {FIT_ON_TITLES[fit_on]})" if fit_on != "all" else ")"
-    )
+    extra = f"; {FIT_ON_TITLES[fit_on]}" if fit_on != "all" else ""
+    return f"{name} ({shown}{extra})"
 
 
 PAPER_TITLE = 'skassoc, recipe "paper"'
@@ -179,9 +165,7 @@ class Data:
     """MNIST arrays (``--train-subset``, ``--eval-subset``) and PCA features."""
 
     def __init__(self, args):
-        home = h.mnist_home(args.data_home)
-        x_train, y_train = load_mnist("train", data_home=home, return_X_y=True)
-        x_test, y_test = load_mnist("test", data_home=home, return_X_y=True)
+        (x_train, y_train), (x_test, y_test) = h.load_mnist_sets(args.data_home)
         if args.train_subset:
             rng = np.random.RandomState(SUBSET_SEED)
             keep = np.sort(rng.choice(len(y_train), args.train_subset, replace=False))
@@ -190,9 +174,8 @@ class Data:
         self.x_train, self.y_train = x_train, y_train
         self.x_test, self.y_test = x_test[test], y_test[test]
         self.meta = dict(n_train=len(y_train), n_eval=len(self.y_test))
-        self.meta |= dict(
-            max_iter_override=args.max_iter, train_subset=args.train_subset
-        )
+        self.meta.update(max_iter_override=args.max_iter)
+        self.meta.update(train_subset=args.train_subset)
 
     @functools.cached_property
     def pca_features(self):
@@ -208,13 +191,9 @@ class Data:
 
 
 def training_set(fit_on, x_train, y_semi):
-    """The samples and labels a skassoc run is fitted on.
-
-    ``"all"``: every training image, the labeled ones with their labels.
-    ``"labeled"``: the labeled images only. ``"all as unlabeled"``: every
-    training image unlabeled, then the labeled ones once more with their
-    labels, as in the authors' code.
-    """
+    """The samples and labels a skassoc run is fitted on: ``"all"`` training
+    images, the ``"labeled"`` ones only, or ``"all as unlabeled"`` and the
+    labeled ones once more with their labels (as in the authors' code)."""
     labeled = np.flatnonzero(y_semi != -1)
     if fit_on == "all":
         return x_train, y_semi
@@ -268,9 +247,8 @@ def errors_by_draw(row, runs):
 
 def paper_errors(rows, runs):
     """Errors of recipe "paper" by number of labels, then by draw."""
-    return {
-        r["labels"]: errors_by_draw(r, runs) for r in rows if r["setting"] == "paper"
-    }
+    paper = [row for row in rows if row["setting"] == "paper"]
+    return {row["labels"]: errors_by_draw(row, runs) for row in paper}
 
 
 def draws_below(errors, paper):

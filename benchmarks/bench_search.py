@@ -1,16 +1,6 @@
 """A loss-weight search of 8 candidates on one GPU: one after another vs stacked.
 
-MNIST with 100 labels, the paper's recipe shortened to ``--steps`` steps (the
-decay at the same fractions), one ``random_state`` for every fit, each timing
-after an untimed warm-up fit and covering all of ``fit`` (input checks, copy
-to the device, CUDA-graph capture): (a) the 8 candidates (``walker_weight`` x
-``visit_weight``) fitted one after another; (b) the same trained together by
-:func:`skassoc._stacked.fit_candidates`, once per stacking, each with the
-initial weights and batches of its separate fit, so that its test error
-matches (a)'s within GPU rounding; (c) the ceiling, one fit whose batches are
-8 times larger: ``8 x (mean fit of (a)) / (its time)`` is the speed-up that
-stacking would reach if 8 candidates ran as efficiently as one network on an
-8-fold batch.
+``docs/benchmarks.rst`` says what the table measures::
 
     python benchmarks/bench_search.py --device cuda --steps 2000  # 2 min, H100
     python benchmarks/bench_search.py --device cpu --steps 5 --train-subset 2000
@@ -20,17 +10,14 @@ stacking would reach if 8 candidates ran as efficiently as one network on an
 import warnings
 
 import _harness as h
-import numpy as np
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
 from skassoc._stacked import fit_candidates
 
-WALKER_WEIGHTS = (0.5, 1.0, 1.5, 2.0)
-VISIT_WEIGHTS = (0.5, 1.0)
 CANDIDATES = [
     {"walker_weight": w, "visit_weight": v}
-    for v in VISIT_WEIGHTS
-    for w in WALKER_WEIGHTS
+    for v in (0.5, 1.0)
+    for w in (0.5, 1.0, 1.5, 2.0)
 ]
 STACKINGS = ("streams", "vmap")
 WARMUP_STEPS = 50
@@ -56,7 +43,7 @@ def _warm_up(params):
 def test_error(estimator, X_test, y_test):
     if not hasattr(estimator, "model_"):
         return None
-    return 100.0 * float(np.mean(estimator.predict(X_test) != y_test))
+    return h.error_percent(estimator.predict(X_test), y_test)
 
 
 def run_serial(params, data, device):
@@ -93,11 +80,8 @@ def run_ceiling(params, data, device):
     """One fit whose batches are 8 times those of one candidate's fit."""
     X, y, _, _ = data
     k = len(CANDIDATES)
-    big = {
-        **params,
-        "labeled_per_class": params["labeled_per_class"] * k,
-        "unlabeled_batch_size": params["unlabeled_batch_size"] * k,
-    }
+    big = dict(params, labeled_per_class=params["labeled_per_class"] * k)
+    big["unlabeled_batch_size"] = params["unlabeled_batch_size"] * k
     with warnings.catch_warnings():
         # 80 labeled a class from 10: drawn with replacement, which is fine here.
         warnings.simplefilter("ignore", UserWarning)

@@ -1,17 +1,10 @@
 """Training and prediction speed of skassoc against a bare PyTorch loop.
 
-In one run on one machine (MNIST, 100 labels, the paper's recipe): (a) a bare
-PyTorch loop of the same network, losses and batches written the way a user
-writes it (eager, float32, indices drawn on the host, ``loss.item()`` every
-step; no code of skassoc), timed after a warm-up; (b) skassoc's whole
-``fit()`` of the same steps (validation, copy to the device, CUDA-graph
-capture and the steps), after a warm-up fit, and a short fit whose time gives
-the fixed cost of a fit; (c) complete fits of ``--accuracy-steps`` steps of
-``--accuracy-recipe`` (``lr_decay_steps = max_iter // 4``), their wall time
-and test error (skip with ``--skip-accuracy``); (d) ``predict`` throughput.
-
-Each run writes ``benchmarks/results/speed_<device>*.json`` (one file per
-precision, compilation and recipe of (c)); the table has a row per file::
+Parts, described in ``docs/benchmarks.rst``: (a) the bare loop, (b) skassoc's
+``fit()`` of the same steps, (c) complete fits (``--accuracy-steps``) and their
+test error, (d) ``predict`` throughput. A run writes
+``benchmarks/results/speed_<device>*.json`` (one file per precision,
+compilation and recipe of (c)); the table has a row per file::
 
     python benchmarks/bench_speed.py --device cuda [--precision bf16] [--compile]
     python benchmarks/bench_speed.py --device cpu --accuracy-steps 2000
@@ -114,35 +107,29 @@ def bare_train(x_train, y_semi, n_steps, seed, device):
     return model, time.perf_counter() - start, losses
 
 
-@torch.no_grad()
-def bare_test_error(model, x_test, y_test):
-    model.eval()
-    logits = [model.logits(model.embed(x)) for x in x_test.split(1000)]
-    predicted = torch.cat(logits).argmax(1).cpu().numpy()
-    return 100.0 * int((predicted != y_test).sum()) / len(y_test)
-
-
 def time_bare(x_train, y_semi, x_test, y_test, n_steps, n_warmup, seed, device):
     """(a): the bare loop's figures, and its losses."""
-    xt = torch.as_tensor(x_train, dtype=torch.float32, device=device).unsqueeze(1)
-    xv = torch.as_tensor(x_test, dtype=torch.float32, device=device).unsqueeze(1)
+    xt, xv = (
+        torch.as_tensor(x, dtype=torch.float32, device=device).unsqueeze(1)
+        for x in (x_train, x_test)
+    )
     bare_train(xt, y_semi, n_warmup, seed, device)
     model, seconds, losses = bare_train(xt, y_semi, n_steps, seed, device)
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model.logits(model.embed(x)) for x in xv.split(1000)])
+    error = h.error_percent(logits.argmax(1).cpu().numpy(), y_test)
     out = dict(seconds=seconds, steps_per_s=n_steps / seconds)
     out.update(ms_per_step=1000 * seconds / n_steps)
-    return out | {"test_error_percent": bare_test_error(model, xv, y_test)}, losses
+    return out | {"test_error_percent": error}, losses
 
 
-def skassoc_fit(x, y_semi, max_iter, args, device, recipe="paper", **overrides):
-    """Fit a recipe; return the estimator and the fit's wall seconds."""
-    params = recipe_params(recipe)
-    params.update(max_iter=max_iter, device=device.type, precision=args.precision)
-    params.update(compile=args.compile, random_state=args.seed, **overrides)
+def skassoc_fit(x, y_semi, args, device, recipe="paper", **params):
+    """Fit a recipe with ``params``; the estimator and the fit's wall seconds."""
+    params = recipe_params(recipe) | params
+    params.update(device=device.type, precision=args.precision)
+    params.update(compile=args.compile, random_state=args.seed)
     return h.timed_fit(x, y_semi, params, device)
-
-
-def error(predicted, y):
-    return 100.0 * float(np.mean(predicted != y))
 
 
 def time_training(x_train, y_semi, x_test, y_test, steps, warmup, args, device):
@@ -150,9 +137,9 @@ def time_training(x_train, y_semi, x_test, y_test, steps, warmup, args, device):
     cost of a fit) and the timed fit of skassoc; that estimator, the figures."""
     test = x_test, y_test
     bare, losses = time_bare(x_train, y_semi, *test, steps, warmup, args.seed, device)
-    _, first_s = skassoc_fit(x_train, y_semi, warmup, args, device)
-    _, short_s = skassoc_fit(x_train, y_semi, warmup, args, device)
-    clf, fit_s = skassoc_fit(x_train, y_semi, steps, args, device)
+    _, first_s = skassoc_fit(x_train, y_semi, args, device, max_iter=warmup)
+    _, short_s = skassoc_fit(x_train, y_semi, args, device, max_iter=warmup)
+    clf, fit_s = skassoc_fit(x_train, y_semi, args, device, max_iter=steps)
     logged = clf.history_["step"]
     window = logged[-1] - (logged[-2] if len(logged) > 1 else 0)
     # Over the same trailing window as skassoc's logged loss.
@@ -160,14 +147,16 @@ def time_training(x_train, y_semi, x_test, y_test, steps, warmup, args, device):
     marginal = None
     if steps > warmup and fit_s > short_s:
         marginal = (steps - warmup) / (fit_s - short_s)
-    sk = dict(
-        seconds=fit_s, steps_per_s=steps / fit_s, ms_per_step=1000 * fit_s / steps
+    sk = dict(seconds=fit_s, steps_per_s=steps / fit_s)
+    sk.update(ms_per_step=1000 * fit_s / steps, first_fit_seconds=first_s)
+    sk.update(short_fit_steps=warmup, short_fit_seconds=short_s)
+    sk.update(
+        marginal_steps_per_s=marginal, final_loss=float(clf.history_["total"][-1])
     )
-    sk.update(first_fit_seconds=first_s, short_fit_steps=warmup)
-    sk.update(short_fit_seconds=short_s, marginal_steps_per_s=marginal)
-    sk.update(final_loss=float(clf.history_["total"][-1]), loss_window_steps=window)
-    sk["test_error_percent"] = error(clf.predict(x_test), y_test)
-    training = {"bare": bare, "skassoc": sk, RATIO: bare["seconds"] / fit_s}
+    sk.update(loss_window_steps=window)
+    sk["test_error_percent"] = h.error_percent(clf.predict(x_test), y_test)
+    training = {"bare": bare, "skassoc": sk}
+    training["ratio_skassoc_over_bare"] = bare["seconds"] / fit_s
     training["ratio_marginal_over_bare"] = (
         marginal and marginal * bare["seconds"] / steps
     )
@@ -191,21 +180,13 @@ def time_predict(clf, x_test, predict_rows, repeats, device):
 
 def time_to_accuracy(x_train, y_semi, x_test, y_test, args, device):
     """(c): complete fits of ``--accuracy-steps``, their seconds and test error."""
-    fits = []
+    recipe, fits = args.accuracy_recipe, []
     for max_iter in (int(s) for s in args.accuracy_steps.split(",") if s):
-        decay = max(1, max_iter // 4)
-        clf, seconds = skassoc_fit(
-            x_train,
-            y_semi,
-            max_iter,
-            args,
-            device,
-            args.accuracy_recipe,
-            lr_decay_steps=decay,
-        )
-        fits.append(dict(max_iter=max_iter, lr_decay_steps=decay, fit_seconds=seconds))
-        fits[-1]["test_error_percent"] = error(clf.predict(x_test), y_test)
-    return {"recipe": args.accuracy_recipe, "fits": fits}
+        fit = dict(max_iter=max_iter, lr_decay_steps=max(1, max_iter // 4))
+        clf, seconds = skassoc_fit(x_train, y_semi, args, device, recipe, **fit)
+        error = h.error_percent(clf.predict(x_test), y_test)
+        fits.append(fit | {"fit_seconds": seconds, "test_error_percent": error})
+    return {"recipe": recipe, "fits": fits}
 
 
 def measure(args, device):
@@ -230,9 +211,6 @@ def measure(args, device):
     return results
 
 
-RATIO = "ratio_skassoc_over_bare"
-
-
 def render(paths):
     """One row per results file: skassoc against the bare loop of its run."""
     header = ["Run", "Precision", "Compile", "skassoc ms/step", "steps/s"]
@@ -253,13 +231,12 @@ def render(paths):
             fits = f'"{accuracy["recipe"]}" {fits}'
         rate = max(r["images_per_s"] for r in results["predict"]["runs"].values())
         marginal = sk.get("marginal_steps_per_s")
+        steps_per_s = f"{sk['steps_per_s']:.3g}".replace("e+03", "000")
+        ratio = training["ratio_skassoc_over_bare"]
         cells.append([Path(path).name, meta.get("precision", "auto")])
-        cells[-1] += [
-            "yes" if meta.get("compile") else "no",
-            f"{sk['ms_per_step']:.3g}",
-        ]
-        cells[-1] += [f"{sk['steps_per_s']:.3g}".replace("e+03", "000")]
-        cells[-1] += [f"{bare['ms_per_step']:.3g}", f"{training[RATIO]:.2f}x"]
+        cells[-1] += ["yes" if meta.get("compile") else "no"]
+        cells[-1] += [f"{sk['ms_per_step']:.3g}", steps_per_s]
+        cells[-1] += [f"{bare['ms_per_step']:.3g}", f"{ratio:.2f}x"]
         cells[-1] += [f"{1000 / marginal:.3g}" if marginal else "n/a", f"{rate:.0f}"]
         cells[-1] += [fits or "n/a", meta["device"], meta["torch"]]
         cells[-1] += [(meta.get("git_revision") or "?")[:7]]

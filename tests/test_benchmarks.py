@@ -3,16 +3,13 @@
 bench_mnist.py and the shared harness have their own file. Every table the
 docs include must come back byte for byte from its committed JSON with
 ``--render-only``; bench_speed.py runs for a few steps on the real MNIST
-files when they are there; bench_concurrency.py needs a GPU, so only its
-refusal without one and its skassoc fits (on the CPU) are tested here.
+files when they are there.
 """
 
 import importlib
 import json
-import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from skassoc import SemiSupervisedAssociationClassifier
@@ -37,7 +34,6 @@ def bench(monkeypatch):
     [
         ("bench_speed", ["--device=cuda"], "speed_cuda"),
         ("bench_speed", ["--device=cpu"], "speed_cpu"),
-        ("bench_concurrency", [], "concurrency_cuda"),
         ("bench_scale", ["--device=cuda"], "scale_cuda"),
         ("bench_domain_adaptation", ["--device=cuda"], "domain_adaptation_cuda"),
     ],
@@ -65,54 +61,6 @@ def test_domain_adaptation_cases_would_resume_the_committed_runs(bench):
         assert all(runs[key]["signature"] == signature for key in job["keys"])
     known = set(SemiSupervisedAssociationClassifier().get_params())
     assert all(set(case.params) <= known for case in da.CASES)
-
-
-def test_bench_concurrency_needs_a_gpu(bench, monkeypatch, tmp_path):
-    script = bench("bench_concurrency")
-    monkeypatch.setattr(script.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="needs a GPU"):
-        script.main(["--steps", "1", f"--json={tmp_path / 'c.json'}"])
-    args = script.parse_args(["--streams", "8", "2", "8", "--precisions", "bf16"])
-    assert args.streams == [2, 8] and args.precisions == ["bf16"]
-    assert args.json.endswith("concurrency_cuda.json")
-
-
-def test_bench_concurrency_skassoc_fits_in_threads(
-    bench, torch_single_thread, monkeypatch
-):
-    # Part (d) on the CPU: the same fits, one after another and in threads.
-    script = bench("bench_concurrency")
-    fits = []
-    fit = script.SemiSupervisedAssociationClassifier.fit
-
-    def recording_fit(self, X, y):
-        fits.append((threading.get_ident(), self.max_iter, self.random_state))
-        return fit(self, X, y)
-
-    monkeypatch.setattr(
-        script.SemiSupervisedAssociationClassifier, "fit", recording_fit
-    )
-    recipe = script.recipe_params
-    monkeypatch.setattr(script, "recipe_params", lambda name: recipe(name) | TINY)
-    args = script.parse_args(
-        ["--streams", "2", "--fit-steps", "2", "--pool-size", "200"]
-    )
-    X, y = script.synthetic_images(args.pool_size)
-    assert X.shape == (200, 28, 28) and X.dtype == np.uint8
-    assert np.bincount(y[y != -1]).tolist() == [10] * 10
-    serial, threads = script.measure_fits("fp32", args, "cpu")
-    assert (serial["fits"], threads["fits"]) == (1, 2)
-    assert threads["serial_s"] == pytest.approx(2 * serial["serial_s"])
-    assert threads["ms_per_step"] == pytest.approx(threads["threads_s"] / 4 * 1e3)
-    # A warm-up fit, two fits one after another, then two in threads.
-    main = threading.get_ident()
-    assert [(t == main, n, s) for t, n, s in fits[:3]] == [
-        (True, 2, 0),
-        (True, 2, 0),
-        (True, 2, 1),
-    ]
-    assert sorted(s for _, _, s in fits[3:]) == [0, 1]
-    assert len({t for t, _, _ in fits[3:]} - {main}) == 2
 
 
 def test_bench_scale_refuses_too_few_batch_steps(bench, capsys):
