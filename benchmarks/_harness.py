@@ -192,8 +192,8 @@ def load_json(path):
 
 
 def make_parser(description, stem, cases=True):
-    """The options every benchmark shares (those picking, drawing, sharding and
-    merging cases with ``cases``); ``stem`` names the default files
+    """The options every benchmark shares (those picking, drawing and merging
+    cases with ``cases``); ``stem`` names the default files
     ``benchmarks/results/<stem>_<device>.json`` and ``.rst``."""
     parser = argparse.ArgumentParser(description=description)
     parser.set_defaults(stem=stem)
@@ -203,11 +203,10 @@ def make_parser(description, stem, cases=True):
     add("--json", help=f"results (default benchmarks/results/{stem}_<device>.json)")
     add("--table", help="rendered table (default: the JSON's path with .rst)")
     add("--render-only", action="store_true", help="rebuild the table from the JSON")
-    parser.set_defaults(draws=None, only=None, shard=None, max_iter=None, merge=None)
+    parser.set_defaults(draws=None, only=None, max_iter=None, merge=None)
     if cases:
         add("--draws", type=int, help="label draws of each case (default: its own)")
         add("--only", action="append", help="glob of part/setting/labels (repeat)")
-        add("--shard", help="I/N: train every N-th run from the I-th (one per GPU)")
         add("--max-iter", type=int, help="training steps of every fit (quick runs)")
         add("--merge", nargs="+", metavar="JSON", help="join these into --json")
     return parser
@@ -219,22 +218,13 @@ def parse(parser, argv=None):
     for name in ("draws", "max_iter"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    args.shard_index, args.shard_count = 0, 1
-    if args.shard is not None:
-        try:
-            args.shard_index, args.shard_count = map(int, args.shard.split("/"))
-        except ValueError:
-            parser.error("--shard takes I/N, e.g. 0/4")
-        if not 0 <= args.shard_index < args.shard_count:
-            parser.error("--shard I/N needs 0 <= I < N")
     args.json_given = args.json is not None
     if args.json is None:
         device = args.device.split(":")[0]
         if device == "auto":
             device = resolve_device("auto").type
-        shard = f".shard{args.shard}".replace("/", "of") if args.shard else ""
-        args.json = str(RESULTS_DIR / f"{args.stem}_{device}{shard}.json")
-    if args.table is None and not args.shard:
+        args.json = str(RESULTS_DIR / f"{args.stem}_{device}.json")
+    if args.table is None:
         args.table = str(Path(args.json).with_suffix(".rst"))
     return args
 
@@ -298,7 +288,7 @@ def merge_rows(rows, new_rows, prefer_new=False):
 
 
 def merge(paths):
-    """One results dict from several JSON files (e.g. shards)."""
+    """One results dict from several JSON files (e.g. one per GPU)."""
     runs, rows, metas = {}, [], []
     for path in paths:
         old = load_json(path)
@@ -329,7 +319,7 @@ def main(cases, args, fit, render, load_data, common=None):
     device = resolve_device(args.device)
     common = dict(common or {})
     rows, jobs = plan(cases, args, device.type, common)
-    jobs = list(jobs.items())[args.shard_index :: args.shard_count]
+    jobs = list(jobs.items())
     results["meta"].update(environment(device))
     results["meta"]["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     results["rows"] = merge_rows(results["rows"], rows, prefer_new=True)
@@ -441,17 +431,8 @@ def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
         out.update(test_error_steps=steps, test_errors_percent=errors)
         out["lowest_test_error_percent"] = errors[lowest]
         out["lowest_test_error_step"] = steps[lowest]
-    start = time.perf_counter()
-    predicted = clf.predict(X_test)
-    out["eval_seconds"] = time.perf_counter() - start
     out["n_iter"] = int(clf.n_iter_)
-    out["final_loss"] = float(clf.history_["total"][-1])
-    out["final_losses"] = {
-        name: float(clf.history_[name][-1])
-        for name in ("walker", "visit", "logit", "consistency")
-        if clf.history_.get(name)
-    }
-    return {**out, **scores(y_test, predicted)}
+    return {**out, **scores(y_test, clf.predict(X_test))}
 
 
 def error_percent(y_pred, y_true):
@@ -526,11 +507,8 @@ def finished_runs(row, runs):
 def row_start(row, done):
     """A row's first cells: its title, labels and finished (of planned) runs."""
     n = len(done)
-    return [
-        row["title"],
-        row["labels"],
-        str(n) if n == row["draws"] else f"{n}/{row['draws']}",
-    ]
+    finished = str(n) if n == row["draws"] else f"{n}/{row['draws']}"
+    return [row["title"], row["labels"], finished]
 
 
 def median_cell(values):
@@ -619,7 +597,8 @@ def render_parts(results, title, notes, parts):
         part_rows = [r for r in rows if r["part"] == part]
         if part_rows:
             table = rst_table(header, cells(part_rows, runs))
-            out += [f".. rubric:: {heading}", "", note, "", table, ""]
+            out += [f".. rubric:: {heading}", ""] + ([note, ""] if note else [])
+            out += [table, ""]
     ok = sorted(
         (r for r in runs.values() if r.get("status") == "ok"), key=lambda r: r["key"]
     )

@@ -3,7 +3,7 @@
 Two pairs of domains made from MNIST, each fitted on the source only, adapted
 and on the target only; ``docs/benchmarks.rst`` says what the table measures::
 
-    python benchmarks/bench_domain_adaptation.py --device cuda  # --shard I/N
+    python benchmarks/bench_domain_adaptation.py --device cuda
     python benchmarks/bench_domain_adaptation.py --device cuda --render-only
 """
 

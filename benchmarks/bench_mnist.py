@@ -293,12 +293,9 @@ def ablation_cells(rows, runs):
     for row, row_cells in zip(rows, cells, strict=True):
         own = paper.get(row["labels"], {})
         paired, below = draws_below(errors_by_draw(row, runs), own)
-        is_paper = row["setting"] == "paper"
-        row_cells[AT:AT] = (
-            ["", ""]
-            if is_paper or not paired
-            else [h.median_cell([own[d] for d in paired]), below]
-        )
+        against = [h.median_cell([own[d] for d in paired]), below]
+        shown = paired and row["setting"] != "paper"
+        row_cells[AT:AT] = against if shown else ["", ""]
     return cells
 
 
@@ -317,70 +314,17 @@ def checkpoint_cells(rows, runs):
     return cells
 
 
-LAST = " Last checkpoint, never best-on-test."
-#: Each part's heading and note (its table's columns: :data:`COLUMNS`).
+#: Each part's heading (its table's columns: :data:`COLUMNS`); what each
+#: table shows is told beside it in docs/benchmarks.rst.
 PARTS = {
-    "table1": (
-        'Table 1: MNIST test error (%), recipe "paper"',
-        "Paper column: Haeusser et al. (2017), Table 1, median (std). With 1000 "
-        "labels the labeled batch stays 10 per class; with all labels the "
-        "unlabeled batch is drawn from all training images." + LAST,
-    ),
-    "visit": (
-        "Effect of the visit loss, MNIST 1000 labels",
-        "Recipe 'paper' with visit_weight overridden; visit_weight=1 is recipe "
-        "'paper' itself. Paper column: the paper's visit-loss table." + LAST,
-    ),
-    "baselines": (
-        "Baselines on the same label draws",
-        "network, labeled samples only: recipe 'paper' with walker_weight=0, "
-        "visit_weight=0, fitted on the labeled samples alone. "
-        "LabelSpreading(kernel='knn', n_neighbors=10, alpha=0.2) and "
-        "SelfTrainingClassifier(LogisticRegression(C=1, max_iter=1000), "
-        f"threshold=0.75, max_iter=10) on PCA-{PCA_COMPONENTS} of pixels/255 "
-        "(PCA fitted once on the training images without labels, its time not "
-        "in 'fit s'), on the CPU." + LAST,
-    ),
-    "recipes": (
-        "Recipes",
-        "skassoc.RECIPES, each as it is (labeled batch as in the recipe). "
-        "Recipes 'improved' and 'consistency' were chosen on draws "
-        f"0-{SELECTION_DRAWS - 1}, so their medians there are optimistic; draws "
-        f"{SELECTION_DRAWS} and up played no part in the choice, and their "
-        "median is the fair comparison. The column 'better than \"paper\"' "
-        "counts those later draws on which the recipe's error is below that of "
-        "recipe 'paper' with the same labels (ties count as not better)." + LAST,
-    ),
-    "ablations": (
-        'Ablations on top of recipe "paper", MNIST 100 labels',
-        "Each row: recipe 'paper' plus the overrides shown, on label draws 0 to "
-        "Runs - 1; the row 'paper' has the draws of the longest row. "
-        "'\"paper\", same draws' is the median of recipe 'paper' on the row's "
-        "own draws, and 'Draws below \"paper\"' counts those on which the row's "
-        "error is below it (ties count as not below)." + LAST,
-    ),
-    "checkpoints": (
-        "Last checkpoint against the lowest error during training",
-        "Recipe 'paper', 100 labels, the test error measured every "
-        f"{CHECKPOINT_INTERVAL} steps and after the last. 'Lowest' is each "
-        "run's minimum over these evaluations, picked on the test set: the "
-        "paper's protocol for its visit-loss table, shown to compare with the "
-        "paper, never a result. The fit times of these runs (per-run table) "
-        "include the evaluations.",
-    ),
-    "time": (
-        "Time to accuracy, MNIST 100 labels",
-        "Fit s: the median wall time of fit() after a first, short fit of the "
-        "same parameters in the same process (which compiles the network and "
-        "lets cuDNN choose its kernels), so it leaves compiling out. Recipe "
-        "'fast' at 1,300 steps: lr_warmup_steps=130." + LAST,
-    ),
-    "seeds": (
-        "Network seeds, MNIST 100 labels",
-        "Each row one label draw d, fitted with random_state d (the run of the "
-        "recipes table) and 1000 m + d for m = 1, 2, ...: the same labels, other "
-        "initial weights and batches." + LAST,
-    ),
+    "table1": 'Table 1: MNIST test error (%), recipe "paper"',
+    "visit": "Effect of the visit loss, MNIST 1000 labels",
+    "baselines": "Baselines on the same label draws",
+    "recipes": "Recipes",
+    "ablations": 'Ablations on top of recipe "paper", MNIST 100 labels',
+    "checkpoints": "Last checkpoint against the lowest error during training",
+    "time": "Time to accuracy, MNIST 100 labels",
+    "seeds": "Network seeds, MNIST 100 labels",
 }
 COLUMNS = {
     "recipes": (RECIPE_HEADER, recipe_cells),
@@ -392,20 +336,9 @@ COLUMNS = {
 def render(results):
     meta = results["meta"]
     notes = [
-        "Test error (%) of the last checkpoint (the fitted model after its last "
-        f"training step) on {meta.get('n_eval', '?')} MNIST test images; never "
-        "the best step on the test set (but for the 'lowest' columns of the "
-        "checkpoints table, there to compare with the paper's protocol), no "
-        "early stopping.",
-        "Median and sample standard deviation (ddof=1) over random label draws; "
-        "draw d hides labels with make_semi_supervised_labels(y, k, "
-        "random_state=d) and seeds the model with random_state=d. 'Runs' is the "
-        "number of draws finished (finished/planned when incomplete). "
-        f"'Median {h.MEDIAN_CONFIDENCE:.0%} CI': a distribution-free confidence "
-        "interval of the median over label draws (order statistics, binomial; "
-        "n/a below 6 draws).",
-        "Fit s: median wall time of fit() (validation, copy to the device, "
-        "CUDA-graph capture, all training steps), prediction excluded.",
+        f"Test error (%) on {meta.get('n_eval', '?')} MNIST test images of the "
+        "last checkpoint; medians over label draws; fit s: wall time of fit(). "
+        "docs/benchmarks.rst tells what each table shows."
     ]
     if meta.get("max_iter_override"):
         notes.append(
@@ -419,7 +352,7 @@ def render(results):
         )
     title = "MNIST: learning by association (Haeusser et al., CVPR 2017)"
     default = h.TABLE_HEADER, h.table_cells
-    parts = [(p, *PARTS[p], *COLUMNS.get(p, default)) for p in PARTS]
+    parts = [(p, PARTS[p], "", *COLUMNS.get(p, default)) for p in PARTS]
     return h.render_parts(results, title, notes, parts)
 
 

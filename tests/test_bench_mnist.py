@@ -133,22 +133,21 @@ def test_tiny_run_resumes_filters_and_renders(
     capsys.readouterr()
 
 
-def test_shards_split_the_runs_and_merge_into_one_table(
+def test_runs_in_separate_files_merge_into_one_table(
     bench, tmp_path, torch_single_thread
 ):
     calls = []
     main = _tiny(bench, calls)
-    shards = []
-    for i in range(2):
-        path = tmp_path / f"s{i}.json"
-        main(["--device=cpu", "--only", "t/*", f"--shard={i}/2", f"--json={path}"])
-        shards.append(path)
-        assert not (tmp_path / f"s{i}.rst").exists()  # shards write JSON only
-    assert sorted(calls) == [0, 0, 1, 1]  # four runs, each in one shard
-    keys = [set(json.loads(p.read_text())["runs"]) for p in shards]
+    parts = []
+    for pattern in ("t/fast*", "t/visit2*"):
+        path = tmp_path / f"{len(parts)}.json"
+        main(["--device=cpu", "--only", pattern, f"--json={path}"])
+        parts.append(path)
+    assert sorted(calls) == [0, 0, 1, 1]  # four runs, each in one file
+    keys = [set(json.loads(p.read_text())["runs"]) for p in parts]
     assert not keys[0] & keys[1]
     merged = tmp_path / "all.json"
-    main(["--merge", *map(str, shards), f"--json={merged}"])
+    main(["--merge", *map(str, parts), f"--json={merged}"])
     results = json.loads(merged.read_text())
     assert len(results["runs"]) == 4 and len(results["meta"]["shards"]) == 2
     table = (tmp_path / "all.rst").read_text()
@@ -161,11 +160,10 @@ def test_parser(bench):
     args = harness.parse(parser, ["--device", "cpu"])
     assert args.json == str(harness.RESULTS_DIR / "stem_cpu.json")
     assert args.table == str(harness.RESULTS_DIR / "stem_cpu.rst")
-    assert (args.shard_index, args.shard_count, args.draws) == (0, 1, None)
-    args = harness.parse(parser, ["--device=cuda:1", "--shard", "1/4", "--only", "a*"])
-    assert args.json.endswith("stem_cuda.shard1of4.json") and args.table is None
-    assert (args.shard_index, args.shard_count, args.only) == (1, 4, ["a*"])
-    for bad in (["--shard", "4/4"], ["--shard", "x"], ["--draws", "0"]):
+    assert args.draws is None
+    args = harness.parse(parser, ["--device=cuda:1", "--only", "a*"])
+    assert args.json.endswith("stem_cuda.json") and args.only == ["a*"]
+    for bad in (["--draws", "0"], ["--max-iter", "0"]):
         with pytest.raises(SystemExit):
             harness.parse(parser, bad)
 
