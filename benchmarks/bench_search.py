@@ -2,7 +2,7 @@
 
 ``docs/benchmarks.rst`` says what the table measures::
 
-    python benchmarks/bench_search.py --device cuda --steps 2000  # 2 min, H100
+    python benchmarks/bench_search.py --device cuda --steps 2000
     python benchmarks/bench_search.py --device cpu --steps 5 --train-subset 2000
     python benchmarks/bench_search.py --render-only
 """
