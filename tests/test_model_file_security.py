@@ -44,14 +44,29 @@ def saved(tmp_path_factory, _digits):
     return clf, path, metadata, weights
 
 
-def write_archive(path, metadata, weights, *, fix_checksum=True, members=None):
-    """A model file with ``metadata`` and ``weights`` (the checksum redone)."""
+def write_archive(
+    path,
+    metadata,
+    weights,
+    *,
+    fix_checksum=True,
+    metadata_bytes=None,
+    metadata_compression=zipfile.ZIP_DEFLATED,
+    weights_compression=zipfile.ZIP_STORED,
+    extra=(),
+):
+    """A model file with ``metadata`` (or the raw ``metadata_bytes``) and
+    ``weights`` (the checksum redone), then the ``extra`` members ``(name,
+    data)``."""
     if fix_checksum:
         metadata = {**metadata, "weights_sha256": hashlib.sha256(weights).hexdigest()}
-    members = members or [
-        (METADATA_MEMBER, json.dumps(metadata).encode(), zipfile.ZIP_DEFLATED),
-        (WEIGHTS_MEMBER, weights, zipfile.ZIP_STORED),
+    if metadata_bytes is None:
+        metadata_bytes = json.dumps(metadata).encode()
+    members = [
+        (METADATA_MEMBER, metadata_bytes, metadata_compression),
+        (WEIGHTS_MEMBER, weights, weights_compression),
     ]
+    members += [(name, data, zipfile.ZIP_STORED) for name, data in extra]
     with zipfile.ZipFile(path, "w") as archive:
         for name, data, compression in members:
             archive.writestr(name, data, compress_type=compression)
@@ -236,16 +251,8 @@ def test_classes_are_checked(saved, tmp_path, classes, match):
 def test_a_deflate_bomb_in_the_weights_is_refused(saved, tmp_path):
     _, _, metadata, weights = saved
     bomb = b"\0" * (64 * 2**20)
-    metadata = {**metadata, "weights_sha256": hashlib.sha256(bomb).hexdigest()}
     path = write_archive(
-        tmp_path / "m.skassoc",
-        metadata,
-        bomb,
-        fix_checksum=False,
-        members=[
-            (METADATA_MEMBER, json.dumps(metadata).encode(), zipfile.ZIP_DEFLATED),
-            (WEIGHTS_MEMBER, bomb, zipfile.ZIP_DEFLATED),
-        ],
+        tmp_path / "m.skassoc", metadata, bomb, weights_compression=zipfile.ZIP_DEFLATED
     )
     assert os.path.getsize(path) < 2**20
     refused(path, "compressed; it is always stored")
@@ -303,36 +310,16 @@ def test_an_archive_comment_is_refused(saved, tmp_path):
 @pytest.mark.parametrize("name", ["evil.py", "../escape.txt", "/etc/passwd"])
 def test_unknown_members_are_refused(saved, tmp_path, name):
     _, _, metadata, weights = saved
-    metadata = {**metadata, "weights_sha256": hashlib.sha256(weights).hexdigest()}
-    path = write_archive(
-        tmp_path / "m.skassoc",
-        metadata,
-        weights,
-        fix_checksum=False,
-        members=[
-            (METADATA_MEMBER, json.dumps(metadata).encode(), zipfile.ZIP_DEFLATED),
-            (WEIGHTS_MEMBER, weights, zipfile.ZIP_STORED),
-            (name, b"import os", zipfile.ZIP_STORED),
-        ],
-    )
+    extra = [(name, b"import os")]
+    path = write_archive(tmp_path / "m.skassoc", metadata, weights, extra=extra)
     refused(path, "unknown members")
 
 
 def test_a_duplicated_member_is_refused(saved, tmp_path):
     _, _, metadata, weights = saved
-    metadata = {**metadata, "weights_sha256": hashlib.sha256(weights).hexdigest()}
+    extra = [(WEIGHTS_MEMBER, weights)]
     with pytest.warns(UserWarning, match="Duplicate name"):
-        path = write_archive(
-            tmp_path / "m.skassoc",
-            metadata,
-            weights,
-            fix_checksum=False,
-            members=[
-                (METADATA_MEMBER, json.dumps(metadata).encode(), zipfile.ZIP_DEFLATED),
-                (WEIGHTS_MEMBER, weights, zipfile.ZIP_STORED),
-                (WEIGHTS_MEMBER, weights, zipfile.ZIP_STORED),
-            ],
-        )
+        path = write_archive(tmp_path / "m.skassoc", metadata, weights, extra=extra)
     refused(path, "twice")
 
 
@@ -423,14 +410,7 @@ def test_metadata_is_checked(saved, tmp_path, change, match):
     _, _, metadata, weights = saved
     metadata = {**metadata, "weights_sha256": hashlib.sha256(weights).hexdigest()}
     path = write_archive(
-        tmp_path / "m.skassoc",
-        None,
-        weights,
-        fix_checksum=False,
-        members=[
-            (METADATA_MEMBER, json.dumps(change(metadata)).encode(), 8),
-            (WEIGHTS_MEMBER, weights, zipfile.ZIP_STORED),
-        ],
+        tmp_path / "m.skassoc", change(metadata), weights, fix_checksum=False
     )
     refused(path, match)
 
@@ -438,15 +418,14 @@ def test_metadata_is_checked(saved, tmp_path, change, match):
 def test_deeply_nested_json_is_refused(saved, tmp_path):
     _, _, _, weights = saved
     nested = ("[" * 100_000 + "]" * 100_000).encode()
+    # Stored: deflated, it would be refused for its ratio before it is parsed.
     path = write_archive(
         tmp_path / "m.skassoc",
         None,
         weights,
         fix_checksum=False,
-        members=[
-            (METADATA_MEMBER, nested, zipfile.ZIP_STORED),
-            (WEIGHTS_MEMBER, weights, zipfile.ZIP_STORED),
-        ],
+        metadata_bytes=nested,
+        metadata_compression=zipfile.ZIP_STORED,
     )
     refused(path, "not valid JSON")
 
@@ -574,13 +553,9 @@ def test_rejected_files_use_memory_of_the_order_of_their_size(saved, tmp_path):
         ),
         "weights_bomb": write_archive(
             tmp_path / "e.skassoc",
-            {**metadata, "weights_sha256": hashlib.sha256(bomb).hexdigest()},
+            metadata,
             bomb,
-            fix_checksum=False,
-            members=[
-                (METADATA_MEMBER, json.dumps(metadata).encode(), zipfile.ZIP_DEFLATED),
-                (WEIGHTS_MEMBER, bomb, zipfile.ZIP_DEFLATED),
-            ],
+            weights_compression=zipfile.ZIP_DEFLATED,
         ),
     }
     result = subprocess.run(
