@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from sklearn.base import clone
 
-from ._augmentation import ImageAugmentation
 from ._batches import make_batches
 from ._device import (
     autocast_context,
@@ -71,6 +70,7 @@ from ._training import (
     association_scale,
     make_optimizer,
     make_scheduler,
+    step_batch_layout,
 )
 from ._utils import user_stacklevel
 
@@ -427,14 +427,8 @@ class _StackedStep:
         self.batches = batches
         self.optimizer = optimizer
         self.config = config
-        self.memory_format = (
-            torch.channels_last if config.channels_last else torch.contiguous_format
-        )
-        self.augment, self.augment_unlabeled = None, False
-        if config.augmentation is not None:
-            settings = dict(config.augmentation)
-            self.augment_unlabeled = settings.pop("unlabeled")
-            self.augment = ImageAugmentation(**settings).to(device)
+        layout = step_batch_layout(config, device)
+        self.memory_format, self.augment, self.augment_unlabeled = layout
         # (K, 3) loss weights, read on the device.
         self.weights = torch.tensor(
             [[c.walker_weight, c.visit_weight, c.logit_weight] for c in configs],

@@ -116,6 +116,20 @@ def association_scale(step_count, config):
     return (step_count >= config.association_delay).float()
 
 
+def step_batch_layout(config, device):
+    """How a training step lays out its image batches: the memory format, the
+    augmentation module (None without augmentation) and whether it also warps
+    the unlabeled batch."""
+    memory_format = (
+        torch.channels_last if config.channels_last else torch.contiguous_format
+    )
+    if config.augmentation is None:
+        return memory_format, None, False
+    settings = dict(config.augmentation)
+    warps_unlabeled = settings.pop("unlabeled")
+    return memory_format, ImageAugmentation(**settings).to(device), warps_unlabeled
+
+
 class _AssociationStep:
     """One training step on device-resident tensors; safe to capture as a graph.
 
@@ -129,20 +143,14 @@ class _AssociationStep:
         self.optimizer = optimizer
         self.config = config
         self.device = device
-        self.memory_format = (
-            torch.channels_last if config.channels_last else torch.contiguous_format
-        )
-        self.augment, self.augment_unlabeled = None, False
+        layout = step_batch_layout(config, device)
+        self.memory_format, self.augment, self.augment_unlabeled = layout
         # The consistency loss embeds a second view of the unlabeled batch.
         self.with_consistency = config.consistency_weight > 0
         if self.with_consistency and config.augmentation is None:
             # The estimator refuses this earlier, with advice; this guards
             # direct use of the training loop.
             raise ValueError("consistency_weight > 0 needs an augmentation.")
-        if config.augmentation is not None:
-            settings = dict(config.augmentation)
-            self.augment_unlabeled = settings.pop("unlabeled")
-            self.augment = ImageAugmentation(**settings).to(device)
         self.params = list(model.parameters())
         has_batch_norm = any(
             isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
