@@ -1,4 +1,4 @@
-"""Random image augmentation on the training device, per image and batched.
+"""Random augmentation on the training device: image warps and feature noise.
 
 The paper's augmentation (as in its authors' code): a random affine map per
 image, whose 2x2 part is ``I + 0.15 * N(0, 1)`` and whose translation is
@@ -8,6 +8,8 @@ inversion ``|x - 255 b|``. The training step can leave the unlabeled batch
 as it is (setting ``unlabeled=False``). Beyond the paper, an elastic
 distortion (Simard et al., ICDAR 2003: a random displacement field, uniform
 noise smoothed by a Gaussian) can bend the strokes; it is off by default.
+Feature vectors get Gaussian noise instead, scaled to each feature's
+standard deviation (input noise, the oldest regulariser of small networks).
 Everything is drawn with device random numbers and fixed shapes, so the
 augmentation is captured inside the training step's CUDA graph.
 """
@@ -20,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "FEATURE_NOISE",
+    "FeatureNoise",
     "ImageAugmentation",
     "PAPER_AUGMENTATION",
     "resolve_augmentation",
@@ -47,12 +51,28 @@ PAPER_AUGMENTATION = {
 }
 
 
-def resolve_augmentation(augmentation):
-    """Turn the ``augmentation`` parameter into a full settings dict (or None)."""
+#: The augmentation of feature vectors, and augmentation="auto"'s for them:
+#: noise of half of each feature's standard deviation on the labeled batch
+#: (and on the consistency loss's second copy of the unlabeled batch).
+FEATURE_NOISE = {"feature_noise": 0.5, "unlabeled": False}
+
+
+def resolve_augmentation(augmentation, feature_vectors):
+    """Turn the ``augmentation`` parameter into a full settings dict (or None).
+
+    ``feature_vectors`` says whether the built-in MLP embeds feature vectors,
+    the inputs for which ``"auto"`` means :data:`FEATURE_NOISE` (for all
+    others it means no augmentation). A dict with the key ``"feature_noise"``
+    sets the feature noise; any other dict, the image augmentation.
+    """
     if augmentation is None:
         return None
+    if augmentation == "auto":
+        return dict(FEATURE_NOISE) if feature_vectors else None
     if augmentation == "paper":
         return dict(PAPER_AUGMENTATION)
+    if "feature_noise" in augmentation:
+        return _resolve_feature_noise(augmentation)
     unknown = set(augmentation) - set(PAPER_AUGMENTATION)
     if unknown:
         raise ValueError(
@@ -60,22 +80,7 @@ def resolve_augmentation(augmentation):
             f"{sorted(PAPER_AUGMENTATION)}."
         )
     settings = {**PAPER_AUGMENTATION, **augmentation}
-    if not isinstance(settings["unlabeled"], (bool, np.bool_)):
-        raise ValueError(
-            "augmentation['unlabeled'] must be True (augment both batches) or "
-            f"False (the labeled batch only); got {settings['unlabeled']!r}."
-        )
-    settings["unlabeled"] = bool(settings["unlabeled"])
-    for name, value in settings.items():
-        if name == "unlabeled":
-            continue
-        number = isinstance(value, numbers.Real) and not isinstance(
-            value, (bool, np.bool_)
-        )
-        if not (number and math.isfinite(value) and value >= 0):
-            raise ValueError(
-                f"augmentation[{name!r}] must be a finite number >= 0; got {value!r}."
-            )
+    _check_settings(settings)
     if settings["blur_sigma"] == 0 and settings["blur_probability"] > 0:
         raise ValueError(
             "augmentation['blur_sigma'] must be > 0 (the width of the blur); to "
@@ -93,6 +98,79 @@ def resolve_augmentation(augmentation):
                 f"augmentation[{name!r}] is a probability; got {settings[name]!r}."
             )
     return settings
+
+
+def _resolve_feature_noise(augmentation):
+    """The full feature-noise settings of an ``augmentation`` dict."""
+    unknown = set(augmentation) - set(FEATURE_NOISE)
+    if unknown:
+        raise ValueError(
+            f"Unknown augmentation setting(s) {sorted(unknown)} with "
+            f"'feature_noise': feature vectors take only {sorted(FEATURE_NOISE)} "
+            "(the other settings warp images)."
+        )
+    settings = {**FEATURE_NOISE, **augmentation}
+    _check_settings(settings)
+    return settings
+
+
+def _check_settings(settings):
+    """Refuse settings that are not finite numbers >= 0 (``unlabeled``: a bool).
+
+    Turns ``settings["unlabeled"]`` into a Python bool, in place.
+    """
+    if not isinstance(settings["unlabeled"], (bool, np.bool_)):
+        raise ValueError(
+            "augmentation['unlabeled'] must be True (augment both batches) or "
+            f"False (the labeled batch only); got {settings['unlabeled']!r}."
+        )
+    settings["unlabeled"] = bool(settings["unlabeled"])
+    for name, value in settings.items():
+        if name == "unlabeled":
+            continue
+        number = isinstance(value, numbers.Real) and not isinstance(
+            value, (bool, np.bool_)
+        )
+        if not (number and math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"augmentation[{name!r}] must be a finite number >= 0; got {value!r}."
+            )
+
+
+def augmentation_module(settings, embedder):
+    """The module that augments a batch with ``settings`` (see
+    :func:`resolve_augmentation`), and whether it augments the unlabeled
+    batch too. ``embedder`` is the network, whose learned feature scale the
+    feature noise uses."""
+    settings = dict(settings)
+    unlabeled = settings.pop("unlabeled")
+    if "feature_noise" in settings:
+        return FeatureNoise(settings["feature_noise"], embedder.scale), unlabeled
+    return ImageAugmentation(**settings), unlabeled
+
+
+class FeatureNoise(torch.nn.Module):
+    """Gaussian noise on feature vectors, in units of each feature's spread.
+
+    Parameters
+    ----------
+    std : float
+        Standard deviation of the noise, in units of ``feature_scale``.
+    feature_scale : torch.Tensor of shape (n_features,)
+        Each feature's standard deviation (the MLP's standardisation scale).
+    """
+
+    def __init__(self, std, feature_scale):
+        super().__init__()
+        self.std = float(std)
+        self.register_buffer("feature_scale", feature_scale.detach().clone())
+
+    def forward(self, x):
+        """``x`` (n, n_features) plus ``std * feature_scale * N(0, 1)``."""
+        if self.std == 0:
+            return x
+        noise = torch.randn_like(x) * self.feature_scale.to(x.dtype)
+        return x + self.std * noise
 
 
 def gaussian_kernel(sigma, size=7):

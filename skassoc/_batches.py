@@ -177,9 +177,10 @@ class HostBatches:
     asynchronous copy into the device buffer that :meth:`batch` returns. On a
     GPU the gathering of step ``k + 1`` thus overlaps step ``k``; the second
     pinned buffer keeps a gather from overwriting rows still being copied.
-    Within a batch, rows are read in file order (the unlabeled batch is a
-    set, so its order does not matter), which keeps reads from a memory map
-    sequential.
+    Within a batch, unlabeled rows are read in file order, which keeps reads
+    from a memory map sequential, then put back in the order drawn: the
+    augmentation draws its noise row by row, so a fit from a memory map
+    equals the fit from the same array in memory.
     """
 
     def __init__(
@@ -233,7 +234,8 @@ class HostBatches:
         """Draw the next batch and start moving it to the device buffer."""
         self.sampler.advance()
         labeled, unlabeled = self.sampler.sample()
-        indices = torch.cat([labeled, unlabeled.sort().values])
+        in_file_order, drawn_position = unlabeled.sort()
+        indices = torch.cat([labeled, in_file_order]).numpy()
         if self.weights is not None:
             # A small copy from pageable memory, staged before it returns:
             # the host need not wait for the device.
@@ -246,7 +248,10 @@ class HostBatches:
             self._copied[turn].synchronize()
         # Fancy indexing reads only the batch's rows (and brings them to
         # native byte order); the copy into the pinned buffer is one batch.
-        self._host_buffers[turn].numpy()[...] = self.inputs[indices.numpy()]
+        rows = self.inputs[indices]
+        host = self._host_buffers[turn].numpy()
+        host[: self.n_labeled] = rows[: self.n_labeled]
+        host[self.n_labeled + drawn_position.numpy()] = rows[self.n_labeled :]
         if self._device_buffer is not self._host_buffers[turn]:
             self._device_buffer.copy_(self._host_buffers[turn], non_blocking=True)
             self._copied[turn].record()

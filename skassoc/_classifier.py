@@ -174,12 +174,13 @@ class SemiSupervisedAssociationClassifier(
         weights (not biases). ``"auto"`` uses the paper's value for the
         built-in network (1e-3 MNIST, 1e-4 SVHN and MLP, 5e-3 STL-10) and
         1e-4 for a custom module. The logit layer always uses 1e-4.
-    augmentation : None, "paper" or dict, default=None
-        Random augmentation of both batches of every step, on the training
-        device (image inputs only). ``"paper"``: the paper's random affine
-        warp (``I + 0.15 N(0, 1)``, translation ``2 N(0, 1)`` pixels) and a
-        7x7 Gaussian blur with probability 0.5. A dict overrides some of
-        these settings:
+    augmentation : "auto", None, "paper" or dict, default="auto"
+        Random augmentation of the batches of every step, on the training
+        device. ``"auto"`` adds feature noise (below) to feature vectors
+        that the built-in MLP embeds, and nothing to images. ``"paper"``:
+        the paper's random affine warp of images (``I + 0.15 N(0, 1)``,
+        translation ``2 N(0, 1)`` pixels) and a 7x7 Gaussian blur with
+        probability 0.5. A dict overrides some of these settings:
 
         - ``affine_std``, ``translate_std``: the warp;
         - ``blur_probability``, ``blur_sigma``: the blur;
@@ -189,21 +190,39 @@ class SemiSupervisedAssociationClassifier(
           displacements of about ``0.16 * elastic_alpha / elastic_sigma``
           pixels per axis, smoothed by a Gaussian of ``elastic_sigma``
           pixels;
-        - ``unlabeled``: True (default) augments both batches, False the
-          labeled batch only, leaving the unlabeled images as they are
-          (the second copy of ``consistency_weight`` is always augmented).
-    consistency_weight : float, default=0.0
-        Weight of a consistency loss, not in the paper and off by default
-        (0). Every step then also embeds a second copy of the unlabeled
-        batch, augmented independently of the batch as the step uses it
-        (unaugmented with ``unlabeled=False``; ``augmentation`` must be
-        set); for each unlabeled image, the walker's probabilities of
-        stepping to each class of the labeled batch from this copy are
-        trained toward those from the batch (cross-entropy, the latter held
-        fixed). It is delayed and ramped with the walker and visit losses.
-        Each step embeds ``unlabeled_batch_size`` more images. With a
-        batch-norm network (``"stl10"``) both copies are embedded in one
-        pass and share its batch statistics.
+        - ``feature_noise`` (feature vectors and the MLP only, with
+          ``unlabeled`` the only other key): Gaussian noise of this many
+          standard deviations of each feature (``"auto"``: 0.5, with
+          ``unlabeled=False``);
+        - ``unlabeled``: True augments both batches (the default for
+          images), False the labeled batch only, leaving the unlabeled
+          samples as they are (the second copy of ``consistency_weight`` is
+          always augmented).
+    consistency_weight : float or "auto", default="auto"
+        Weight of a consistency loss, not in the paper. Every step then
+        also embeds a second copy of the unlabeled batch, augmented
+        independently of the batch as the step uses it (unaugmented with
+        ``unlabeled=False``; ``augmentation`` must be set); for each
+        unlabeled sample, the walker's probabilities of stepping to each
+        class of the labeled batch from this copy are trained toward those
+        from the batch (cross-entropy, the latter held fixed). It is delayed
+        and ramped with the walker and visit losses. Each step embeds
+        ``unlabeled_batch_size`` more samples. With a batch-norm network
+        (``"stl10"``) both copies are embedded in one pass and share its
+        batch statistics. ``"auto"`` is 2 with feature noise (the default
+        for feature vectors) and 0 (off) otherwise.
+    balance_weight : float, default=0.0
+        Weight of a balance loss, not in the paper and off by default (0):
+        the walker's class probabilities from the unlabeled batch (as for
+        ``consistency_weight``), averaged over the batch, are trained toward
+        each class's share of the labeled training samples (the KL
+        divergence of the shares from the average). When no labeled sample
+        resembles a whole group of unlabeled ones (a style of writing a
+        digit, say), the walker losses can hand the group to another class;
+        that class then gets more than its share, and this loss pulls the
+        group back. It assumes the labeled samples' class shares are those
+        of the unlabeled data. It is delayed and ramped with the walker and
+        visit losses.
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
         the weights over training (decay per step, e.g. 0.999) instead of the
@@ -329,20 +348,19 @@ class SemiSupervisedAssociationClassifier(
         The best of ``validation_scores_``: with ``early_stopping``, the
         score of the fitted weights; None without validation.
     history_ : dict of lists
-        Loss curves: ``"step"``, ``"learning_rate"``, ``"total"``,
-        ``"walker"``, ``"visit"`` and ``"logit"`` (and ``"consistency"`` with
-        ``consistency_weight > 0``), each entry the mean over the steps since
-        the previous entry. ``"total"`` is the weighted sum of the losses;
-        the L2 penalty is applied as Adam's weight decay (the same gradient)
-        and is not part of it. A fit given ``X_val`` and ``y_val``, or with
+        Loss curves: ``"step"``, ``"learning_rate"``, ``"total"``, ``"walker"``,
+        ``"visit"`` and ``"logit"`` (and ``"consistency"`` and ``"balance"``
+        when their losses are on), each entry the mean over the steps since the
+        previous entry. ``"total"`` is the weighted sum of the losses; the L2
+        penalty is applied as Adam's weight decay (the same gradient) and is not
+        part of it. A fit given ``X_val`` and ``y_val``, or with
         ``early_stopping``, adds ``"validation_step"`` and
-        ``"validation_score"``: the validation accuracy of the model as it
-        would be fitted at that step (with ``ema_decay``, the averaged
-        weights). Without
-        ``early_stopping`` the fitted model is the last step's and the
-        scores only show the learning curve; with it, the fitted model is
-        the best-scoring one. A fit interrupted with Ctrl-C keeps the
-        scores measured until then.
+        ``"validation_score"``: the validation accuracy of the model as it would
+        be fitted at that step (with ``ema_decay``, the averaged weights).
+        Without ``early_stopping`` the fitted model is the last step's and the
+        scores only show the learning curve; with it, the fitted model is the
+        best-scoring one. A fit interrupted with Ctrl-C keeps the scores
+        measured until then.
     device_ : torch.device
         Where the model lives.
 
@@ -409,8 +427,12 @@ class SemiSupervisedAssociationClassifier(
         "association_delay": [Interval(Integral, 0, None, closed="left")],
         "association_ramp_steps": [Interval(Integral, 0, None, closed="left")],
         "l2_scale": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
-        "augmentation": [None, StrOptions({"paper"}), dict],
-        "consistency_weight": [Interval(Real, 0, None, closed="left")],
+        "augmentation": [None, StrOptions({"auto", "paper"}), dict],
+        "consistency_weight": [
+            Interval(Real, 0, None, closed="left"),
+            StrOptions({"auto"}),
+        ],
+        "balance_weight": [Interval(Real, 0, None, closed="left")],
         "ema_decay": [None, Interval(Real, 0, 1, closed="left")],
         "precision": [StrOptions({"auto", "fp32", "tf32", "bf16"})],
         "cuda_graph": ["boolean", StrOptions({"auto"})],
@@ -463,8 +485,9 @@ class SemiSupervisedAssociationClassifier(
         association_delay=0,
         association_ramp_steps=0,
         l2_scale="auto",
-        augmentation=None,
-        consistency_weight=0.0,
+        augmentation="auto",
+        consistency_weight="auto",
+        balance_weight=0.0,
         ema_decay=None,
         precision="auto",
         cuda_graph="auto",
@@ -505,6 +528,7 @@ class SemiSupervisedAssociationClassifier(
         self.l2_scale = l2_scale
         self.augmentation = augmentation
         self.consistency_weight = consistency_weight
+        self.balance_weight = balance_weight
         self.ema_decay = ema_decay
         self.precision = precision
         self.cuda_graph = cuda_graph

@@ -19,6 +19,11 @@ __all__ = [
     "auto_max_iter",
 ]
 
+#: consistency_weight="auto" with feature noise (the default for feature
+#: vectors, augmentation="auto"): the walker's class probabilities from a
+#: noisy copy of every unlabeled sample are trained toward those from the
+#: sample, twice as strongly as the walker loss.
+AUTO_CONSISTENCY_WEIGHT = 2.0
 #: The paper's labeled samples per class in a batch (10 on MNIST).
 MAX_LABELED_PER_CLASS = 10
 #: The paper's unlabeled batch (100 on MNIST).

@@ -7,8 +7,11 @@ back. The *walker loss* rewards round trips that end in the class where they
 started; the *visit loss* rewards a walk that visits every unlabeled sample.
 Beyond the paper, the *consistency loss* asks the walk from an unlabeled
 sample back to the labeled classes to end alike for the sample and a random
-augmentation of it.
+augmentation of it, and the *balance loss* asks the walks from the unlabeled
+batch to end in each class as often as the class's share of the labels.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,14 +23,20 @@ __all__ = [
     "visit_loss",
     "walker_class_probabilities",
     "consistency_loss",
+    "balance_loss",
     "classification_loss",
     "l2_penalty",
+    "OptionalLosses",
+    "step_losses",
 ]
 
 # The authors' code adds this constant inside every logarithm; keeping it
 # reproduces their numbers and keeps the losses finite when a probability
 # underflows to zero.
 LOG_EPSILON = 1e-8
+#: Decay per step of the balance loss's running estimate of the class mass
+#: (an average over about the last hundred batches).
+CLASS_MASS_DECAY = 0.99
 
 
 def association_matrices(a, b):
@@ -247,6 +256,156 @@ def consistency_loss(target, prediction):
     True
     """
     return _cross_entropy(target.detach(), prediction)
+
+
+def balance_loss(class_probabilities, class_shares, class_mass=None):
+    """KL divergence of ``class_shares`` from the classes' mass in the batches.
+
+    Parameters
+    ----------
+    class_probabilities : torch.Tensor of shape (n_samples, n_classes)
+        Where the walker from each unlabeled sample lands
+        (:func:`walker_class_probabilities`).
+    class_shares : torch.Tensor of shape (n_classes,)
+        The share of each class expected among the unlabeled samples (e.g.
+        among the labeled ones); sums to 1.
+    class_mass : torch.Tensor of shape (n_classes,), default=None
+        A running estimate of the classes' mass, updated here in place by
+        a moving average of this batch's (decay :data:`CLASS_MASS_DECAY`).
+        The loss is then measured on it, and its gradient is that of the
+        divergence at the estimate, through this batch's mass. Without it,
+        the loss is that of this batch alone.
+
+    Returns
+    -------
+    loss : torch.Tensor
+        Scalar, 0 when the mass spreads over the classes in these shares;
+        large when a class gets far less than its share.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skassoc._losses import balance_loss
+    >>> shares = torch.tensor([0.5, 0.5])
+    >>> even = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
+    >>> one_sided = torch.tensor([[0.9, 0.1], [0.9, 0.1]])
+    >>> round(float(balance_loss(even, shares)), 4)
+    0.0
+    >>> round(float(balance_loss(one_sided, shares)), 4)
+    0.5108
+    """
+    mean = class_probabilities.mean(dim=0)
+    shares = class_shares.to(mean.dtype)
+    if class_mass is None:
+        return _divergence(shares, mean)
+    # A batch of a hundred samples holds each of ten classes 10 +- 3 times:
+    # pushing every batch to the shares would move samples for those chance
+    # excesses. The running estimate averages them out.
+    with torch.no_grad():
+        class_mass.mul_(CLASS_MASS_DECAY).add_((1 - CLASS_MASS_DECAY) * mean)
+    estimate = class_mass.to(mean.dtype)
+    # d/d(mean) of the surrogate is -shares / estimate: the divergence's
+    # gradient where the estimate stands.
+    surrogate = -(shares * mean / estimate).sum()
+    return _divergence(shares, estimate) + surrogate - surrogate.detach()
+
+
+def _divergence(shares, mass):
+    """KL(shares || mass), with 0 log 0 = 0 and ``LOG_EPSILON`` in the log."""
+    return (
+        torch.special.xlogy(shares, shares) - shares * torch.log(LOG_EPSILON + mass)
+    ).sum()
+
+
+@dataclass(frozen=True)
+class OptionalLosses:
+    """The losses beyond the paper's that a training step adds, and their needs.
+
+    Parameters
+    ----------
+    consistency_weight : float, default=0.0
+        Weight of :func:`consistency_loss` (0: off); the step's batch then
+        ends with a second augmented copy of its unlabeled samples.
+    balance_weight : float, default=0.0
+        Weight of :func:`balance_loss` (0: off).
+    class_shares : torch.Tensor of shape (n_classes,), default=None
+        Target of the balance loss, on the training device.
+    class_mass : torch.Tensor of shape (n_classes,), default=None
+        The balance loss's running estimate of the class mass (see
+        :func:`balance_loss`), on the training device; the steps update it.
+    """
+
+    consistency_weight: float = 0.0
+    balance_weight: float = 0.0
+    class_shares: torch.Tensor | None = None
+    class_mass: torch.Tensor | None = None
+
+    @property
+    def names(self):
+        """The names of :func:`step_losses`'s terms, in its order."""
+        names = ("total", "walker", "visit", "logit")
+        if self.consistency_weight > 0:
+            names += ("consistency",)
+        if self.balance_weight > 0:
+            names += ("balance",)
+        return names
+
+
+def step_losses(
+    embeddings, logits, labels, n_batch, weights, scale, optional, labeled_weights=None
+):
+    """The training loss of a step and its terms, as one tensor.
+
+    Parameters
+    ----------
+    embeddings : torch.Tensor of shape (n_rows, d)
+        The labeled samples' embeddings, then the unlabeled ones' up to row
+        ``n_batch``, then (with the consistency loss) those of the unlabeled
+        samples' second copy.
+    logits : torch.Tensor of shape (n_labeled, n_classes)
+        The labeled samples' logits.
+    labels : torch.Tensor of shape (n_labeled,)
+        Their classes.
+    n_batch : int
+        Rows of the labeled and unlabeled batch (before the second copy).
+    weights : sequence of 3 numbers or tensor of shape (3,)
+        Walker, visit and logit weights.
+    scale : float or torch.Tensor
+        Multiplier of the association losses (their delay and ramp).
+    optional : OptionalLosses
+        The losses beyond the paper's.
+    labeled_weights : torch.Tensor of shape (n_labeled,), default=None
+        Factors of the labeled samples' classification losses (see
+        :func:`classification_loss`).
+
+    Returns
+    -------
+    terms : torch.Tensor of shape (len(optional.names),)
+        The total loss, then each term, in the order of ``optional.names``.
+    """
+    n_labeled = labels.shape[0]
+    labeled = embeddings[:n_labeled]
+    p_ab, p_ba, p_aba = association_matrices(labeled, embeddings[n_labeled:n_batch])
+    walker = walker_loss(p_aba, labels)
+    visit = visit_loss(p_ab)
+    logit = classification_loss(logits, labels, labeled_weights)
+    association = weights[0] * walker + weights[1] * visit
+    terms = [walker, visit, logit]
+    n_classes = logits.shape[1]
+    if optional.consistency_weight > 0 or optional.balance_weight > 0:
+        landed = walker_class_probabilities(p_ba, labels, n_classes)
+    if optional.consistency_weight > 0:
+        # Where the walk from the second copy ends should match where the
+        # walk from the first one ends (the target, held fixed).
+        p_copy = backward_transitions(labeled, embeddings[n_batch:])
+        copy_landed = walker_class_probabilities(p_copy, labels, n_classes)
+        terms.append(consistency_loss(landed, copy_landed))
+        association = association + optional.consistency_weight * terms[-1]
+    if optional.balance_weight > 0:
+        terms.append(balance_loss(landed, optional.class_shares, optional.class_mass))
+        association = association + optional.balance_weight * terms[-1]
+    total = scale * association + weights[2] * logit
+    return torch.stack([total, *terms])
 
 
 def _cross_entropy(target, probabilities):

@@ -46,7 +46,7 @@ from numbers import Real
 import numpy as np
 import torch
 
-from ._augmentation import PAPER_AUGMENTATION
+from ._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
 from ._batches import UNLABELED_POOLS
 from ._device import resolve_device
 from ._fitted import FittedState, get_fitted_state
@@ -153,9 +153,10 @@ def _image_size(value):
 
 
 def _augmentation(value):
-    if value is None or value == "paper":
+    if value is None or value in ("auto", "paper"):
         return True
-    if not isinstance(value, dict) or set(value) - set(PAPER_AUGMENTATION):
+    keys = set(PAPER_AUGMENTATION) | set(FEATURE_NOISE)
+    if not isinstance(value, dict) or set(value) - keys:
         return False
     bounded = _float_in(0, 100)
     return all(
@@ -212,7 +213,8 @@ SAFE_PARAMS = {
     "association_ramp_steps": _int_in(0, MAX_STEPS),
     "l2_scale": _float_in(0, MAX_WEIGHT, "auto"),
     "augmentation": _augmentation,
-    "consistency_weight": _float_in(0, MAX_WEIGHT),
+    "consistency_weight": _float_in(0, MAX_WEIGHT, "auto"),
+    "balance_weight": _float_in(0, MAX_WEIGHT),
     "ema_decay": _float_in(0, 1, None),
     "precision": _one_of("auto", "fp32", "tf32", "bf16"),
     "cuda_graph": _one_of(True, False, "auto"),

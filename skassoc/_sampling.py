@@ -131,6 +131,10 @@ class AssociationBatchSampler:
             labeled_per_class
         )
 
+    def class_shares(self):
+        """Each class's share of the labeled samples, a float tensor summing to 1."""
+        return self._counts.double().div(self._counts.sum()).float()
+
     def advance(self):
         """Deal the next unlabeled batch of an epoch (host work, before a step).
 

@@ -15,6 +15,7 @@ from sklearn.utils import check_random_state
 
 from ._augmentation import resolve_augmentation
 from ._defaults import (
+    AUTO_CONSISTENCY_WEIGHT,
     auto_labeled_per_class,
     auto_max_iter,
     auto_unlabeled_batch_size,
@@ -106,14 +107,15 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     device = resolve_device(estimator.device)
     _check_hidden_layer_sizes(estimator.hidden_layer_sizes)
     _check_image_options(estimator, inputs.image_shape)
-    augmentation = _check_augmentation(estimator, inputs.image_shape)
     spec = _model_spec(estimator, inputs)
     if previous is not None:
         _check_warm_start(estimator, inputs, spec, previous)
         spec = _fitted_spec(previous)
+    augmentation = _check_augmentation(estimator, inputs.image_shape, spec.network)
+    consistency_weight = _resolve_consistency_weight(estimator, augmentation)
     precision = resolve_precision(estimator.precision, device, inputs.images)
     labeled_per_class, unlabeled_batch_size, max_iter = _resolve_batching(
-        estimator, inputs, spec, device, precision
+        estimator, inputs, spec, device, precision, consistency_weight
     )
     if seed is None:
         seed = fit_seed(estimator.random_state)
@@ -137,7 +139,8 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         log_interval=default_log_interval(max_iter),
         verbose=estimator.verbose,
         augmentation=augmentation,
-        consistency_weight=float(estimator.consistency_weight),
+        consistency_weight=consistency_weight,
+        balance_weight=float(estimator.balance_weight),
         ema_decay=estimator.ema_decay,
         validation_interval=estimator.validation_interval,
         compile=_compile_options(estimator.compile, estimator.cuda_graph, device),
@@ -158,12 +161,13 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     )
 
 
-def _resolve_batching(estimator, inputs, spec, device, precision):
+def _resolve_batching(estimator, inputs, spec, device, precision, consistency_weight):
     """``labeled_per_class``, ``unlabeled_batch_size`` and ``max_iter``.
 
     Their ``"auto"`` values follow the rules of :mod:`skassoc._defaults`,
-    from the training labels, the size of the unlabeled pool, the network
-    and the device.
+    from the training labels, the size of the unlabeled pool, the network,
+    the device and whether the consistency loss (``consistency_weight > 0``)
+    embeds a second copy of the unlabeled batch.
     """
     labeled = inputs.encoded >= 0
     counts = np.bincount(inputs.encoded[labeled], minlength=len(inputs.classes))
@@ -190,7 +194,7 @@ def _resolve_batching(estimator, inputs, spec, device, precision):
             spec.embedding_dim,
             spec.hidden_layer_sizes,
         )
-        views = 2 if estimator.consistency_weight > 0 else 1
+        views = 2 if consistency_weight > 0 else 1
         step_samples = labeled_per_class * len(counts) + views * unlabeled_batch_size
         step_seconds = cpu_step_seconds(
             spec.network, spec.network_shape, macs, step_samples, precision == "bf16"
@@ -304,34 +308,54 @@ def _check_image_options(estimator, image_shape):
             )
 
 
-def _check_augmentation(estimator, image_shape):
+def _check_augmentation(estimator, image_shape, network):
     """The full augmentation settings, after the checks against the data."""
-    augmentation = resolve_augmentation(estimator.augmentation)
-    if augmentation is not None and image_shape is None:
+    feature_vectors = image_shape is None and network == "mlp"
+    augmentation = resolve_augmentation(estimator.augmentation, feature_vectors)
+    if augmentation is None:
+        return None
+    if "feature_noise" in augmentation:
+        if not feature_vectors:
+            raise ValueError(
+                "augmentation['feature_noise'] adds noise to feature vectors in "
+                "units of each feature's standard deviation, which the built-in "
+                "MLP learns: it needs 2-D X without input_shape and "
+                "network='mlp' (or 'auto'). For images, use the image settings "
+                "(e.g. augmentation='paper')."
+            )
+        return augmentation
+    if image_shape is None:
         raise ValueError(
-            "augmentation needs image inputs; pass X as (n, h, w) or "
-            "(n, c, h, w) images, or set input_shape for flat rows."
+            "The image augmentation needs image inputs; pass X as (n, h, w) or "
+            "(n, c, h, w) images, or set input_shape for flat rows. Feature "
+            "vectors take augmentation={'feature_noise': std}."
         )
-    if (
-        augmentation is not None
-        and augmentation["blur_probability"] > 0
-        and min(image_shape[1:]) < 4
-    ):
+    if augmentation["blur_probability"] > 0 and min(image_shape[1:]) < 4:
         raise ValueError(
             "The augmentation's 7x7 blur reflects 3 pixels at the borders, "
             f"so it needs images of at least 4x4 pixels; these are "
             f"{image_shape[1]}x{image_shape[2]}. Set "
             "augmentation['blur_probability'] = 0 for them."
         )
-    if estimator.consistency_weight > 0 and augmentation is None:
-        raise ValueError(
-            f"consistency_weight={estimator.consistency_weight} compares every "
-            "unlabeled image with a random augmentation of it, but "
-            "augmentation is None. Set augmentation (e.g. 'paper', or "
-            "{'unlabeled': False} to warp the labeled batch and the second "
-            "copy only), or set consistency_weight=0."
-        )
     return augmentation
+
+
+def _resolve_consistency_weight(estimator, augmentation):
+    """``consistency_weight`` as a float: ``"auto"`` is
+    ``AUTO_CONSISTENCY_WEIGHT`` with feature noise, else 0."""
+    weight = estimator.consistency_weight
+    if weight == "auto":
+        noise = augmentation is not None and "feature_noise" in augmentation
+        return AUTO_CONSISTENCY_WEIGHT if noise else 0.0
+    if weight > 0 and augmentation is None:
+        raise ValueError(
+            f"consistency_weight={weight} compares every unlabeled sample with "
+            "a random augmentation of it, but there is no augmentation "
+            "(augmentation=None, or 'auto' for images). Set augmentation "
+            "(e.g. 'paper', or {'unlabeled': False} to warp the labeled batch "
+            "and the second copy only), or set consistency_weight=0."
+        )
+    return float(weight)
 
 
 def _check_warm_start(estimator, inputs, spec, previous):

@@ -55,12 +55,7 @@ from ._device import (
 from ._ema import WeightAverage
 from ._fitted import FittedState, set_fitted_state
 from ._inputs import validate_training_inputs
-from ._losses import (
-    association_matrices,
-    classification_loss,
-    visit_loss,
-    walker_loss,
-)
+from ._losses import step_losses
 from ._networks import weight_tensors
 from ._settings import resolve_fit_settings
 from ._training import (
@@ -68,8 +63,10 @@ from ._training import (
     _learning_rate,
     _StepRunner,
     association_scale,
+    augment_batch,
     make_optimizer,
     make_scheduler,
+    optional_losses,
     step_batch_layout,
 )
 from ._utils import user_stacklevel
@@ -80,8 +77,6 @@ __all__ = ["fit_candidates", "LOSS_WEIGHTS", "STACKINGS"]
 LOSS_WEIGHTS = ("walker_weight", "visit_weight", "logit_weight")
 #: How the candidates are computed (see the module's docstring).
 STACKINGS = ("auto", "vmap", "streams")
-# The losses recorded per candidate, as a single fit records them.
-_LOSS_NAMES = ("total", "walker", "visit", "logit")
 
 
 def check_candidate_params(param_list):
@@ -116,14 +111,15 @@ def _check_shared(estimator, stacking):
         "warm_start": bool(estimator.warm_start),
         # compile={} compiles too (with torch.compile's defaults).
         "compile": isinstance(estimator.compile, dict) or bool(estimator.compile),
-        "consistency_weight": estimator.consistency_weight != 0,
+        # Its running estimate of the class mass would be one per candidate.
+        "balance_weight": estimator.balance_weight != 0,
     }
     refused = [name for name, on in refused.items() if on]
     if refused:
         raise ValueError(
             f"Stacked fits do not support {refused} (set warm_start=False, "
-            "compile=False, consistency_weight=0); fit such candidates one by "
-            "one, e.g. with sklearn.model_selection.GridSearchCV."
+            "compile=False, balance_weight=0); fit such candidates one by one, "
+            "e.g. with sklearn.model_selection.GridSearchCV."
         )
 
 
@@ -161,7 +157,7 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
     ------
     ValueError
         If a candidate sets another parameter than a loss weight, or the
-        estimator uses ``warm_start``, ``compile`` or a consistency loss.
+        estimator uses ``warm_start``, ``compile`` or the balance loss.
 
     Examples
     --------
@@ -171,7 +167,7 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
     >>> X, y = make_blobs(60, centers=2, random_state=0)
     >>> y[10:] = -1
     >>> clf = SemiSupervisedAssociationClassifier(
-    ...     network="mlp", max_iter=20, device="cpu", random_state=0)
+    ...     max_iter=20, device="cpu", random_state=0)
     >>> grid = [{"visit_weight": 0.5}, {"visit_weight": 1.0}]
     >>> fitted = fit_candidates(clf, grid, X, y)
     >>> [est.visit_weight for est in fitted], fitted[0].predict(X[:2]).shape
@@ -297,20 +293,6 @@ def _decay_scales(model, config):
     return {name: scale_of.get(id(p), 0.0) for name, p in model.named_parameters()}
 
 
-def _candidate_terms(embeddings, logits, labels, weights, scale):
-    """``[total, walker, visit, logit]`` of one candidate (weights: its 3 weights)."""
-    n_labeled = labels.shape[0]
-    p_ab, _, p_aba = association_matrices(
-        embeddings[:n_labeled], embeddings[n_labeled:]
-    )
-    walker = walker_loss(p_aba, labels)
-    visit = visit_loss(p_ab)
-    logit = classification_loss(logits, labels)
-    association = weights[0] * walker + weights[1] * visit
-    total = scale * association + weights[2] * logit
-    return torch.stack([total, walker, visit, logit])
-
-
 class _StreamCandidates:
     """The K models apart; on a GPU each computes on a CUDA stream of its own."""
 
@@ -335,15 +317,14 @@ class _StreamCandidates:
     def input_format(self, batch):
         return self.models[0].input_format(batch)
 
-    def train_terms(self, x, labels, weights, scale):
-        """Each candidate's loss terms, its backward pass run; (K, 4)."""
+    def train_terms(self, x, labels, weights, scale, losses):
+        """Each candidate's loss terms, its backward pass run; (K, n_terms).
+
+        ``losses`` is ``(n_batch, optional)``, as :func:`step_losses` takes them.
+        """
+        args = (x, labels, weights, scale, losses)
         if self.streams is None:
-            return torch.stack(
-                [
-                    self._one(k, x, labels, weights, scale)
-                    for k in range(len(self.models))
-                ]
-            )
+            return torch.stack([self._one(k, *args) for k in range(len(self.models))])
         caller = torch.cuda.current_stream(self.device)
         terms = []
         for k, stream in enumerate(self.streams):
@@ -352,17 +333,20 @@ class _StreamCandidates:
             # reused before this stream's kernels have read it.
             x.record_stream(stream)
             with torch.cuda.stream(stream):
-                terms.append(self._one(k, x, labels, weights, scale))
+                terms.append(self._one(k, *args))
         for stream in self.streams:
             caller.wait_stream(stream)
         return torch.stack(terms)
 
-    def _one(self, k, x, labels, weights, scale):
+    def _one(self, k, x, labels, weights, scale, losses):
         model = self.models[k]
         with autocast_context(self.device, self.precision):
             embeddings = model.embedder(x)
             logits = model.logits(embeddings[: labels.shape[0]])
-        terms = _candidate_terms(embeddings, logits, labels, weights[k], scale)
+        n_batch, optional = losses
+        terms = step_losses(
+            embeddings, logits, labels, n_batch, weights[k], scale, optional
+        )
         terms[0].backward()
         return terms.detach()
 
@@ -383,12 +367,14 @@ class _VmapCandidates:
         self.groups = {}
         for name, scale in _decay_scales(self.template, config).items():
             self.groups.setdefault(scale, []).append(self.stacked[name])
-        self.vmapped = torch.vmap(self._candidate, in_dims=(0, 0, 0, None, None, None))
+        self.vmapped = torch.vmap(
+            self._candidate, in_dims=(0, 0, 0, None, None, None, None)
+        )
 
     def input_format(self, batch):
         return self.template.input_format(batch)
 
-    def _candidate(self, params, buffers, weights, x, labels, scale):
+    def _candidate(self, params, buffers, weights, x, labels, scale, losses):
         state = {**params, **buffers}
         embedder = {k[9:]: v for k, v in state.items() if k.startswith("embedder.")}
         logit_layer = {k[7:]: v for k, v in state.items() if k.startswith("logits.")}
@@ -398,11 +384,17 @@ class _VmapCandidates:
             logits = call(
                 self.template.logits, logit_layer, (embeddings[: labels.shape[0]],)
             )
-        return _candidate_terms(embeddings, logits, labels, weights, scale)
+        n_batch, optional = losses
+        return step_losses(
+            embeddings, logits, labels, n_batch, weights, scale, optional
+        )
 
-    def train_terms(self, x, labels, weights, scale):
-        """Each candidate's loss terms, the backward pass of their sum run; (K, 4)."""
-        terms = self.vmapped(self.stacked, self.buffers, weights, x, labels, scale)
+    def train_terms(self, x, labels, weights, scale, losses):
+        """Each candidate's loss terms, the backward pass of their sum run;
+        (K, n_terms). ``losses`` as for :meth:`_StreamCandidates.train_terms`."""
+        terms = self.vmapped(
+            self.stacked, self.buffers, weights, x, labels, scale, losses
+        )
         # The candidates share no parameter: the sum's gradient with respect
         # to candidate k's weights is that of candidate k's total.
         terms[:, 0].sum().backward()
@@ -427,8 +419,10 @@ class _StackedStep:
         self.batches = batches
         self.optimizer = optimizer
         self.config = config
-        layout = step_batch_layout(config, device)
+        layout = step_batch_layout(config, device, candidates.models[0].embedder)
         self.memory_format, self.augment, self.augment_unlabeled = layout
+        self.optional_losses = optional_losses(config, batches)
+        self.loss_names = self.optional_losses.names
         # (K, 3) loss weights, read on the device.
         self.weights = torch.tensor(
             [[c.walker_weight, c.visit_weight, c.logit_weight] for c in configs],
@@ -441,7 +435,7 @@ class _StackedStep:
         )
         k = len(configs)
         self.step_count = torch.zeros((), device=device)
-        self.loss_sum = torch.zeros(k, len(_LOSS_NAMES), device=device)
+        self.loss_sum = torch.zeros(k, len(self.loss_names), device=device)
         self.first_nonfinite_step = torch.full((k,), -1.0, device=device)
 
     def prefetch(self):
@@ -453,24 +447,27 @@ class _StackedStep:
         return association_scale(self.step_count, self.config)
 
     def shared_batch(self):
-        """The step's batch, augmented as a single fit augments it, formatted."""
-        labels = self.batches.labels
+        """The step's batch, augmented as a single fit augments it, formatted,
+        and its rows before the consistency loss's second copy."""
         batch = self.batches.batch()
-        if self.augment is not None:
-            n_labeled = labels.shape[0]
-            if self.augment_unlabeled:
-                batch = self.augment(batch)
-            else:
-                batch = torch.cat([self.augment(batch[:n_labeled]), batch[n_labeled:]])
+        n_batch = batch.shape[0]
+        batch = augment_batch(
+            batch,
+            self.batches.labels.shape[0],
+            self.augment,
+            self.augment_unlabeled,
+            self.optional_losses.consistency_weight > 0,
+        )
         batch = self.candidates.input_format(batch)
-        return batch.contiguous(memory_format=self.memory_format)
+        return batch.contiguous(memory_format=self.memory_format), n_batch
 
     def __call__(self):
-        x = self.shared_batch()
+        x, n_batch = self.shared_batch()
         labels = self.batches.labels
         self.optimizer.zero_grad(set_to_none=True)
+        losses = n_batch, self.optional_losses
         terms = self.candidates.train_terms(
-            x, labels, self.weights, self.association_scale()
+            x, labels, self.weights, self.association_scale(), losses
         )
         self.optimizer.step()
         if self.average is not None:
@@ -491,7 +488,7 @@ class _StackedLog:
         self.config = config
         k = step.loss_sum.shape[0]
         self.histories = [
-            {name: [] for name in ("step", "learning_rate", *_LOSS_NAMES)}
+            {name: [] for name in ("step", "learning_rate", *step.loss_names)}
             for _ in range(k)
         ]
         self.logged_until = 0
@@ -507,7 +504,7 @@ class _StackedLog:
         for history, means in zip(self.histories, sums, strict=True):
             history["step"].append(completed)
             history["learning_rate"].append(learning_rate)
-            for name, value in zip(_LOSS_NAMES, means, strict=True):
+            for name, value in zip(self.step.loss_names, means, strict=True):
                 history[name].append(value)
         self.logged_until = completed
 

@@ -18,19 +18,11 @@ from sklearn.exceptions import ConvergenceWarning
 from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
-from ._augmentation import ImageAugmentation
+from ._augmentation import augmentation_module
 from ._best_weights import BestWeights
 from ._device import autocast_context, borrowed_streams, cuda_rng_lock, own_stream
 from ._ema import WeightAverage
-from ._losses import (
-    association_matrices,
-    backward_transitions,
-    classification_loss,
-    consistency_loss,
-    visit_loss,
-    walker_class_probabilities,
-    walker_loss,
-)
+from ._losses import OptionalLosses, step_losses
 from ._networks import weight_tensors
 from ._utils import user_stacklevel
 
@@ -41,11 +33,8 @@ __all__ = [
     "NonFiniteLossError",
 ]
 
-LOSS_NAMES = ("total", "walker", "visit", "logit")
 #: The values of the estimator's ``lr_schedule`` (see LearningRateFactor).
 LR_SCHEDULES = ("step", "cosine")
-# Recorded only by fits with consistency_weight > 0.
-CONSISTENCY = "consistency"
 
 # Eager steps run before capture: they let cuDNN pick its kernels and the
 # optimizer create its state, and they are real training steps.
@@ -76,6 +65,7 @@ class TrainingConfig:
     verbose: int
     augmentation: dict | None = None
     consistency_weight: float = 0.0
+    balance_weight: float = 0.0
     ema_decay: float | None = None
     embedding_chunk_size: int | None = 4096
     validation_interval: int | None = None
@@ -116,18 +106,55 @@ def association_scale(step_count, config):
     return (step_count >= config.association_delay).float()
 
 
-def step_batch_layout(config, device):
-    """How a training step lays out its image batches: the memory format, the
-    augmentation module (None without augmentation) and whether it also warps
-    the unlabeled batch."""
+def step_batch_layout(config, device, embedder):
+    """How a training step lays out its batches: the memory format, the
+    augmentation module (None without augmentation) and whether it also
+    augments the unlabeled batch. ``embedder`` is the network (the feature
+    noise reads its feature scale)."""
     memory_format = (
         torch.channels_last if config.channels_last else torch.contiguous_format
     )
     if config.augmentation is None:
         return memory_format, None, False
-    settings = dict(config.augmentation)
-    warps_unlabeled = settings.pop("unlabeled")
-    return memory_format, ImageAugmentation(**settings).to(device), warps_unlabeled
+    module, augments_unlabeled = augmentation_module(config.augmentation, embedder)
+    return memory_format, module.to(device), augments_unlabeled
+
+
+def optional_losses(config, batches):
+    """The step's :class:`~skassoc._losses.OptionalLosses`: the consistency and
+    balance losses of ``config``, the latter aiming at each class's share of
+    the labeled training samples."""
+    shares = batches.sampler.class_shares().to(batches.labels.device)
+    return OptionalLosses(
+        consistency_weight=config.consistency_weight,
+        balance_weight=config.balance_weight,
+        class_shares=shares,
+        # The estimate starts at the shares: no pull before the walks say
+        # where the classes' mass goes.
+        class_mass=shares.clone(),
+    )
+
+
+def augment_batch(batch, n_labeled, augment, augment_unlabeled, second_view):
+    """The step's batch, augmented; with ``second_view``, followed by a
+    second augmented copy of its unlabeled rows (for the consistency loss).
+
+    The labeled rows come first (see ``_batches``). ``augment`` None leaves
+    the batch as it is.
+    """
+    if augment is None:
+        return batch
+    unlabeled = batch[n_labeled:]
+    if augment_unlabeled:
+        batch = augment(batch)
+    else:
+        batch = torch.cat([augment(batch[:n_labeled]), unlabeled])
+    if second_view:
+        # Augmented independently of the first view, and drawn after it:
+        # fits without the consistency loss keep their random stream. It is
+        # embedded in the same pass.
+        batch = torch.cat([batch, augment(unlabeled)])
+    return batch
 
 
 class _AssociationStep:
@@ -143,7 +170,7 @@ class _AssociationStep:
         self.optimizer = optimizer
         self.config = config
         self.device = device
-        layout = step_batch_layout(config, device)
+        layout = step_batch_layout(config, device, model.embedder)
         self.memory_format, self.augment, self.augment_unlabeled = layout
         # The consistency loss embeds a second view of the unlabeled batch.
         self.with_consistency = config.consistency_weight > 0
@@ -185,9 +212,8 @@ class _AssociationStep:
         )
         # Device-side counters, so neither the weight ramp nor the loss
         # bookkeeping needs the host.
-        self.loss_names = LOSS_NAMES
-        if self.with_consistency:
-            self.loss_names += (CONSISTENCY,)
+        self.optional_losses = optional_losses(config, batches)
+        self.loss_names = self.optional_losses.names
         self.step_count = torch.zeros((), device=device)
         self.loss_sum = torch.zeros(len(self.loss_names), device=device)
         self.first_nonfinite_step = torch.full((), -1.0, device=device)
@@ -250,50 +276,34 @@ class _AssociationStep:
         n_labeled = labels.shape[0]
         batch = self.batches.batch()
         n_batch = batch.shape[0]
-        if self.augment is not None:
-            # The labeled rows come first (see ``_batches``).
-            unlabeled = batch[n_labeled:]
-            if self.augment_unlabeled:
-                batch = self.augment(batch)
-            else:
-                labeled = self.augment(batch[:n_labeled])
-                batch = torch.cat([labeled, unlabeled])
-            if self.with_consistency:
-                # A second view of the unlabeled batch, warped independently
-                # of the first (drawn after it: fits without consistency keep
-                # their random stream). It is embedded in the same pass.
-                batch = torch.cat([batch, self.augment(unlabeled)])
+        batch = augment_batch(
+            batch,
+            n_labeled,
+            self.augment,
+            self.augment_unlabeled,
+            self.with_consistency,
+        )
         with autocast_context(self.device, config.precision):
             embeddings = self.embed(batch)
             logits = self.model.logits(embeddings[:n_labeled])
-        labeled_embeddings = embeddings[:n_labeled]
-        p_ab, p_ba, p_aba = association_matrices(
-            labeled_embeddings, embeddings[n_labeled:n_batch]
+        weights = (config.walker_weight, config.visit_weight, config.logit_weight)
+        terms = step_losses(
+            embeddings,
+            logits,
+            labels,
+            n_batch,
+            weights,
+            self.association_scale(),
+            self.optional_losses,
+            labeled_weights=self.batches.labeled_weights(),
         )
-        walker = walker_loss(p_aba, labels)
-        visit = visit_loss(p_ab)
-        logit = classification_loss(logits, labels, self.batches.labeled_weights())
-        association = config.walker_weight * walker + config.visit_weight * visit
-        losses = [walker, visit, logit]
-        if self.with_consistency:
-            # Where the walk from the second view ends should match where the
-            # walk from the first one ends (the target, held fixed).
-            n_classes = logits.shape[1]
-            p_view = backward_transitions(labeled_embeddings, embeddings[n_batch:])
-            consistency = consistency_loss(
-                walker_class_probabilities(p_ba, labels, n_classes),
-                walker_class_probabilities(p_view, labels, n_classes),
-            )
-            association = association + config.consistency_weight * consistency
-            losses.append(consistency)
-        total = self.association_scale() * association + config.logit_weight * logit
         self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
+        terms[0].backward()
         self.optimizer.step()
         if self.average is not None:
             self.average.update()
 
-        terms = torch.stack([total, *losses]).detach()
+        terms = terms.detach()
         bad = (self.first_nonfinite_step < 0) & ~torch.isfinite(terms).all()
         self.first_nonfinite_step.copy_(
             torch.where(bad, self.step_count, self.first_nonfinite_step)

@@ -142,26 +142,32 @@ def test_elastic_off_leaves_the_random_stream_alone(images):
     assert torch.equal(torch.rand(1), next_draw)
 
 
+def resolve_images(augmentation):
+    """The settings of ``augmentation`` for image inputs."""
+    return resolve_augmentation(augmentation, feature_vectors=False)
+
+
 def test_resolve_augmentation():
-    assert resolve_augmentation(None) is None
-    assert resolve_augmentation("paper")["affine_std"] == 0.15
-    assert resolve_augmentation({"invert_probability": 0.5})["blur_probability"] == 0.5
+    assert resolve_images(None) is None
+    assert resolve_images("auto") is None
+    assert resolve_images("paper")["affine_std"] == 0.15
+    assert resolve_images({"invert_probability": 0.5})["blur_probability"] == 0.5
     with pytest.raises(ValueError, match="Unknown augmentation"):
-        resolve_augmentation({"rotate": 1})
+        resolve_images({"rotate": 1})
     with pytest.raises(ValueError, match="probability"):
-        resolve_augmentation({"blur_probability": 2})
-    assert resolve_augmentation("paper")["unlabeled"] is True
+        resolve_images({"blur_probability": 2})
+    assert resolve_images("paper")["unlabeled"] is True
     # A zero blur width is fine when the blur is off.
-    off = resolve_augmentation({"blur_probability": 0, "blur_sigma": 0})
+    off = resolve_images({"blur_probability": 0, "blur_sigma": 0})
     assert off["blur_sigma"] == 0
-    assert resolve_augmentation({"unlabeled": np.False_})["unlabeled"] is False
-    assert resolve_augmentation("paper")["elastic_alpha"] == 0
+    assert resolve_images({"unlabeled": np.False_})["unlabeled"] is False
+    assert resolve_images("paper")["elastic_alpha"] == 0
     with pytest.raises(ValueError, match="elastic_sigma'\\] must be > 0"):
-        resolve_augmentation({"elastic_alpha": 34, "elastic_sigma": 0})
+        resolve_images({"elastic_alpha": 34, "elastic_sigma": 0})
     with pytest.raises(ValueError, match="elastic_alpha'\\] must be a finite"):
-        resolve_augmentation({"elastic_alpha": -1})
+        resolve_images({"elastic_alpha": -1})
     with pytest.raises(ValueError, match="unlabeled.*True.*False"):
-        resolve_augmentation({"unlabeled": "labeled"})
+        resolve_images({"unlabeled": "labeled"})
 
 
 def _all_digit_images():

@@ -217,10 +217,12 @@ def _with_chunk_size(monkeypatch, chunk_size):
 def test_chunked_embedding_trains_like_one_pass(monkeypatch, fast_params, blobs_semi):
     X, y = blobs_semi
     whole = make_clf(fast_params).fit(X, y)
-    # 9 labeled + 32 unlabeled samples a step: chunks of 16, 16 and 9.
+    # 9 labeled + 32 unlabeled samples a step, and the consistency loss's 32
+    # noisy copies of the latter: chunks of 16 (four of them) and 9.
     spy = _with_chunk_size(monkeypatch, 16)
     chunked = make_clf(fast_params).fit(X, y)
-    assert spy.calls == 3 * fast_params["max_iter"]
+    assert "consistency" in chunked.history_
+    assert spy.calls == 5 * fast_params["max_iter"]
     np.testing.assert_allclose(
         chunked.predict_proba(X), whole.predict_proba(X), atol=1e-4
     )

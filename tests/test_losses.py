@@ -6,6 +6,7 @@ import torch
 
 from skassoc._losses import (
     association_matrices,
+    balance_loss,
     classification_loss,
     l2_penalty,
     visit_loss,
@@ -295,3 +296,31 @@ def test_visit_loss_prefers_visiting_every_unlabeled_sample():
         return float(visit_loss(p_ab))
 
     assert loss(spread) < loss(collapsed) - 0.5
+
+
+def test_balance_loss_is_zero_at_the_shares_and_grows_with_a_missing_class():
+    shares = torch.tensor([0.25, 0.25, 0.5])
+    at_shares = torch.tensor([[0.5, 0.0, 0.5], [0.0, 0.5, 0.5]])
+    assert float(balance_loss(at_shares, shares)) == pytest.approx(0.0, abs=1e-7)
+    # Half of class 1's mass handed to class 2, then all of it.
+    half = torch.tensor([[0.5, 0.0, 0.5], [0.0, 0.25, 0.75]])
+    none = torch.tensor([[0.5, 0.0, 0.5], [0.0, 0.0, 1.0]])
+    assert 0 < float(balance_loss(half, shares)) < float(balance_loss(none, shares))
+
+
+def test_balance_loss_with_a_running_mass_follows_it_not_the_batch():
+    shares = torch.tensor([0.5, 0.5])
+    mass = torch.tensor([0.5, 0.5])
+    # A batch that lands on class 0 only moves the estimate by 1 % of the way.
+    batch = torch.tensor([[1.0, 0.0], [1.0, 0.0]], requires_grad=True)
+    loss = balance_loss(batch, shares, mass)
+    torch.testing.assert_close(mass, torch.tensor([0.505, 0.495]))
+    # Its value is the divergence at the estimate, far below the batch's own.
+    at_mass = float(balance_loss(mass[None], shares))
+    assert float(loss) == pytest.approx(at_mass, rel=1e-3)
+    assert float(loss) < 0.01 < float(balance_loss(batch.detach(), shares))
+    # Its gradient is the divergence's at the estimate, through the batch
+    # mean: -shares / mass / n_samples for every sample.
+    loss.backward()
+    expected = (-shares / mass / 2).expand(2, 2)
+    torch.testing.assert_close(batch.grad, expected)

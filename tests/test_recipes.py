@@ -45,6 +45,12 @@ def test_consistency_is_improved_plus_the_consistency_loss():
     assert consistency == improved
 
 
+def test_balanced_is_consistency_plus_the_balance_loss():
+    consistency, balanced = recipe_params("consistency"), recipe_params("balanced")
+    assert balanced.pop("balance_weight") > 0
+    assert balanced == consistency
+
+
 def test_fast_is_consistency_in_fewer_larger_steps_on_a_cosine():
     consistency, fast = recipe_params("consistency"), recipe_params("fast")
     assert fast.pop("max_iter") < consistency.pop("max_iter")
