@@ -145,6 +145,9 @@ def augmentation_module(settings, embedder):
     settings = dict(settings)
     unlabeled = settings.pop("unlabeled")
     if "feature_noise" in settings:
+        # In the units the MLP standardises by. It leaves constant features
+        # unscaled (scale 1), so they get noise of feature_noise itself, as
+        # much as the others once standardised.
         return FeatureNoise(settings["feature_noise"], embedder.scale), unlabeled
     return ImageAugmentation(**settings), unlabeled
 

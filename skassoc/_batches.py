@@ -179,8 +179,9 @@ class HostBatches:
     pinned buffer keeps a gather from overwriting rows still being copied.
     Within a batch, unlabeled rows are read in file order, which keeps reads
     from a memory map sequential, then put back in the order drawn: the
-    augmentation draws its noise row by row, so a fit from a memory map
-    equals the fit from the same array in memory.
+    augmentation draws its noise row by row, so on a CPU a fit from a memory
+    map equals the fit from the same array in memory (on a GPU the two draw
+    their batches from different generators).
     """
 
     def __init__(

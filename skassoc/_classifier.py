@@ -164,11 +164,12 @@ class SemiSupervisedAssociationClassifier(
         Weight of the classification loss on the labeled batch.
     association_delay : int, default=0
         Steps trained with the classification loss alone before the walker
-        and visit losses (and the consistency loss) are switched on (domain
-        adaptation uses this).
+        and visit losses (and the consistency and balance losses) are
+        switched on (domain adaptation uses this).
     association_ramp_steps : int, default=0
-        Steps over which the walker, visit and consistency weights then grow
-        linearly from zero to their values; 0 switches them on at once.
+        Steps over which the walker, visit, consistency and balance weights
+        then grow linearly from zero to their values; 0 switches them on at
+        once.
     l2_scale : float or "auto", default="auto"
         L2 penalty ``l2_scale * sum(w**2) / 2`` on the embedding network's
         weights (not biases). ``"auto"`` uses the paper's value for the
@@ -192,7 +193,9 @@ class SemiSupervisedAssociationClassifier(
           pixels;
         - ``feature_noise`` (feature vectors and the MLP only, with
           ``unlabeled`` the only other key): Gaussian noise of this many
-          standard deviations of each feature (``"auto"``: 0.5, with
+          standard deviations of each feature, in the units the MLP
+          standardises by (so constant features, which it leaves unscaled,
+          get noise of this size; ``"auto"``: 0.5, with
           ``unlabeled=False``);
         - ``unlabeled``: True augments both batches (the default for
           images), False the labeled batch only, leaving the unlabeled
@@ -210,19 +213,24 @@ class SemiSupervisedAssociationClassifier(
         ``unlabeled_batch_size`` more samples. With a batch-norm network
         (``"stl10"``) both copies are embedded in one pass and share its
         batch statistics. ``"auto"`` is 2 with feature noise (the default
-        for feature vectors) and 0 (off) otherwise.
+        for feature vectors) while the walker or visit loss is on, and 0
+        (off) otherwise.
     balance_weight : float, default=0.0
-        Weight of a balance loss, not in the paper and off by default (0):
-        the walker's class probabilities from the unlabeled batch (as for
-        ``consistency_weight``), averaged over the batch, are trained toward
-        each class's share of the labeled training samples (the KL
-        divergence of the shares from the average). When no labeled sample
-        resembles a whole group of unlabeled ones (a style of writing a
-        digit, say), the walker losses can hand the group to another class;
-        that class then gets more than its share, and this loss pulls the
-        group back. It assumes the labeled samples' class shares are those
-        of the unlabeled data. It is delayed and ramped with the walker and
-        visit losses.
+        Weight of a balance loss, not in the paper and off by default (0).
+        Where the walks from the unlabeled samples end (the walker's class
+        probabilities, as for ``consistency_weight``) is averaged over the
+        batch and, with a moving average, over about the last hundred
+        batches (restarted at the class shares by every fit). The loss is
+        the KL divergence of each class's share of the labeled training
+        samples from that average, and its gradient acts through the
+        current batch. When no labeled sample resembles a whole group of
+        unlabeled ones (a style of writing a digit, say), the walker losses
+        can hand the group to another class; that class then gets more than
+        its share, and this loss pulls the group back. It assumes the
+        labeled samples' class shares are those of the unlabeled data. It
+        is delayed and ramped with the walker and visit losses. Stacked
+        fits (:class:`~skassoc.model_selection.StackedGridSearchCV`) do not
+        take it.
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
         the weights over training (decay per step, e.g. 0.999) instead of the

@@ -305,8 +305,9 @@ def balance_loss(class_probabilities, class_shares, class_mass=None):
         class_mass.mul_(CLASS_MASS_DECAY).add_((1 - CLASS_MASS_DECAY) * mean)
     estimate = class_mass.to(mean.dtype)
     # d/d(mean) of the surrogate is -shares / estimate: the divergence's
-    # gradient where the estimate stands.
-    surrogate = -(shares * mean / estimate).sum()
+    # gradient where the estimate stands (with the log's epsilon, so that a
+    # class whose mass vanishes pulls hard but finitely).
+    surrogate = -(shares * mean / (LOG_EPSILON + estimate)).sum()
     return _divergence(shares, estimate) + surrogate - surrogate.detach()
 
 

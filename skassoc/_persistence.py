@@ -155,8 +155,10 @@ def _image_size(value):
 def _augmentation(value):
     if value is None or value in ("auto", "paper"):
         return True
-    keys = set(PAPER_AUGMENTATION) | set(FEATURE_NOISE)
-    if not isinstance(value, dict) or set(value) - keys:
+    if not isinstance(value, dict):
+        return False
+    keys = FEATURE_NOISE if "feature_noise" in value else PAPER_AUGMENTATION
+    if set(value) - set(keys):
         return False
     bounded = _float_in(0, 100)
     return all(

@@ -111,8 +111,12 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     if previous is not None:
         _check_warm_start(estimator, inputs, spec, previous)
         spec = _fitted_spec(previous)
-    augmentation = _check_augmentation(estimator, inputs.image_shape, spec.network)
-    consistency_weight = _resolve_consistency_weight(estimator, augmentation)
+    # Feature vectors that the built-in MLP embeds: "auto" adds noise to them.
+    feature_vectors = inputs.image_shape is None and spec.network == "mlp"
+    augmentation = _check_augmentation(estimator, inputs.image_shape, feature_vectors)
+    consistency_weight = _resolve_consistency_weight(
+        estimator, augmentation, feature_vectors
+    )
     precision = resolve_precision(estimator.precision, device, inputs.images)
     labeled_per_class, unlabeled_batch_size, max_iter = _resolve_batching(
         estimator, inputs, spec, device, precision, consistency_weight
@@ -308,9 +312,8 @@ def _check_image_options(estimator, image_shape):
             )
 
 
-def _check_augmentation(estimator, image_shape, network):
+def _check_augmentation(estimator, image_shape, feature_vectors):
     """The full augmentation settings, after the checks against the data."""
-    feature_vectors = image_shape is None and network == "mlp"
     augmentation = resolve_augmentation(estimator.augmentation, feature_vectors)
     if augmentation is None:
         return None
@@ -340,20 +343,29 @@ def _check_augmentation(estimator, image_shape, network):
     return augmentation
 
 
-def _resolve_consistency_weight(estimator, augmentation):
-    """``consistency_weight`` as a float: ``"auto"`` is
-    ``AUTO_CONSISTENCY_WEIGHT`` with feature noise, else 0."""
+def _resolve_consistency_weight(estimator, augmentation, feature_vectors):
+    """``consistency_weight`` as a float.
+
+    ``"auto"`` is ``AUTO_CONSISTENCY_WEIGHT`` with feature noise (of a
+    nonzero size) while the walker or visit loss is on, else 0.
+    """
     weight = estimator.consistency_weight
     if weight == "auto":
-        noise = augmentation is not None and "feature_noise" in augmentation
-        return AUTO_CONSISTENCY_WEIGHT if noise else 0.0
+        noise = augmentation is not None and augmentation.get("feature_noise", 0) > 0
+        walks = estimator.walker_weight > 0 or estimator.visit_weight > 0
+        return AUTO_CONSISTENCY_WEIGHT if noise and walks else 0.0
     if weight > 0 and augmentation is None:
+        example = (
+            "{'feature_noise': 0.5}"
+            if feature_vectors
+            else "'paper', or {'unlabeled': False} to warp the labeled batch "
+            "and the second copy only"
+        )
         raise ValueError(
             f"consistency_weight={weight} compares every unlabeled sample with "
             "a random augmentation of it, but there is no augmentation "
-            "(augmentation=None, or 'auto' for images). Set augmentation "
-            "(e.g. 'paper', or {'unlabeled': False} to warp the labeled batch "
-            "and the second copy only), or set consistency_weight=0."
+            "(augmentation=None, or 'auto' where it adds none). Set "
+            f"augmentation (e.g. {example}), or set consistency_weight=0."
         )
     return float(weight)
 

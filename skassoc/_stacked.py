@@ -107,19 +107,26 @@ def _check_shared(estimator, stacking):
     """Refuse estimator settings that the stacked loop does not implement."""
     if stacking not in STACKINGS:
         raise ValueError(f"stacking must be one of {STACKINGS}; got {stacking!r}.")
+    # Each refused setting, with the value that the stacked loop implements.
     refused = {
-        "warm_start": bool(estimator.warm_start),
+        "warm_start": (bool(estimator.warm_start), False),
         # compile={} compiles too (with torch.compile's defaults).
-        "compile": isinstance(estimator.compile, dict) or bool(estimator.compile),
+        "compile": (
+            isinstance(estimator.compile, dict) or bool(estimator.compile),
+            False,
+        ),
         # Its running estimate of the class mass would be one per candidate.
-        "balance_weight": estimator.balance_weight != 0,
+        "balance_weight": (estimator.balance_weight != 0, 0),
+        # The stacked batches carry no loss factors, and no validation runs.
+        "class_weight": (estimator.class_weight is not None, None),
+        "early_stopping": (bool(estimator.early_stopping), False),
     }
-    refused = [name for name, on in refused.items() if on]
-    if refused:
+    advice = [f"{name}={value!r}" for name, (on, value) in refused.items() if on]
+    if advice:
         raise ValueError(
-            f"Stacked fits do not support {refused} (set warm_start=False, "
-            "compile=False, balance_weight=0); fit such candidates one by one, "
-            "e.g. with sklearn.model_selection.GridSearchCV."
+            f"Stacked fits do not support these settings; set {', '.join(advice)}, "
+            "or fit such candidates one by one, e.g. with "
+            "sklearn.model_selection.GridSearchCV."
         )
 
 
@@ -157,7 +164,8 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
     ------
     ValueError
         If a candidate sets another parameter than a loss weight, or the
-        estimator uses ``warm_start``, ``compile`` or the balance loss.
+        estimator uses ``warm_start``, ``compile``, the balance loss,
+        ``class_weight`` or ``early_stopping``.
 
     Examples
     --------
@@ -174,10 +182,10 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
     ([0.5, 1.0], (2,))
     """
     param_list = check_candidate_params(param_list)
-    _check_shared(estimator, stacking)
     candidates = [clone(estimator).set_params(**params) for params in param_list]
     for candidate in candidates:
         candidate._validate_params()
+    _check_shared(estimator, stacking)
     inputs = validate_training_inputs(candidates[0], X, y)
     # One resolution for all: with a RandomState instance (or None) every
     # resolution would draw another seed, and the candidates must share one.

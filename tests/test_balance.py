@@ -28,8 +28,19 @@ def test_balance_weight_is_saved(fast_params, blobs_semi, tmp_path):
     np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
 
 
-def test_stacked_fits_refuse_the_balance_loss(fast_params, blobs_semi):
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"balance_weight": 1.0}, r"set balance_weight=0,"),
+        ({"class_weight": "balanced"}, r"set class_weight=None,"),
+        ({"early_stopping": True}, r"set early_stopping=False,"),
+        ({"balance_weight": -1.0}, r"'balance_weight' parameter"),
+    ],
+)
+def test_stacked_fits_refuse_what_they_do_not_train(
+    fast_params, blobs_semi, params, match
+):
     X, y = blobs_semi
-    estimator = SemiSupervisedAssociationClassifier(**fast_params, balance_weight=1.0)
-    with pytest.raises(ValueError, match="balance_weight"):
+    estimator = SemiSupervisedAssociationClassifier(**fast_params, **params)
+    with pytest.raises(ValueError, match=match):
         fit_candidates(estimator, [{"visit_weight": 0.5}], X, y)

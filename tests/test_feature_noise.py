@@ -60,6 +60,22 @@ def test_feature_noise_follows_each_feature_scale():
     assert torch.equal(torch.rand(1), next_draw)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"augmentation": {"feature_noise": 0.0}},
+        {"walker_weight": 0.0, "visit_weight": 0.0},
+    ],
+    ids=["no_noise", "no_walks"],
+)
+def test_auto_consistency_is_off_without_noise_or_walks(
+    fast_params, scaled_blobs, params
+):
+    X, y = scaled_blobs
+    clf = _fit(fast_params, X, y, **params)
+    assert "consistency" not in clf.history_
+
+
 def test_default_fit_of_feature_vectors_uses_noise_and_consistency(
     fast_params, scaled_blobs, digits
 ):
@@ -98,7 +114,11 @@ def test_zero_noise_fits_as_no_augmentation(fast_params, scaled_blobs):
             "needs 2-D X",
         ),
         (False, {"augmentation": "paper"}, "image augmentation needs image inputs"),
-        (False, {"augmentation": None, "consistency_weight": 1.0}, "no augmentation"),
+        (
+            False,
+            {"augmentation": None, "consistency_weight": 1.0},
+            r"no augmentation .*\{'feature_noise': 0\.5\}",
+        ),
     ],
 )
 def test_augmentation_that_does_not_suit_the_inputs_is_refused(

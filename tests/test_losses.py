@@ -324,3 +324,11 @@ def test_balance_loss_with_a_running_mass_follows_it_not_the_batch():
     loss.backward()
     expected = (-shares / mass / 2).expand(2, 2)
     torch.testing.assert_close(batch.grad, expected)
+
+
+def test_balance_loss_gradient_stays_finite_when_a_class_has_no_mass():
+    shares = torch.tensor([0.5, 0.5])
+    mass = torch.tensor([1.0, 0.0])
+    batch = torch.tensor([[1.0, 0.0], [1.0, 0.0]], requires_grad=True)
+    balance_loss(batch, shares, mass).backward()
+    assert torch.isfinite(batch.grad).all()
