@@ -53,12 +53,13 @@ print(
 # -----------------------------------------------
 # Each loss entry is the mean over the steps since the previous entry.
 # ``"total"`` is the weighted sum of the walker, visit and classification
-# (``"logit"``) losses; the L2 penalty acts as weight decay and is not part
-# of it.
+# (``"logit"``) losses and of the consistency loss, which feature columns get
+# by default (``"consistency"``); the L2 penalty acts as weight decay and is
+# not part of it.
 fig, (ax_loss, ax_score) = plt.subplots(
     2, 1, sharex=True, figsize=(7, 6), layout="constrained"
 )
-for name in ("total", "walker", "visit", "logit"):
+for name in ("total", "walker", "visit", "logit", "consistency"):
     ax_loss.plot(history["step"], history[name], label=name)
 ax_loss.set_yscale("log")
 ax_loss.set_ylabel("loss")
