@@ -9,7 +9,8 @@ carry a label? This example trains
 digits with 2 to 20 labels per class and compares it with
 
 * the same network trained on the labeled samples alone (walker and visit
-  weights set to zero), which isolates what the association losses add,
+  weights set to zero, which also switches the consistency loss off), which
+  isolates what the association and consistency losses add,
 * :class:`~sklearn.semi_supervised.LabelSpreading`, which spreads the labels
   over a nearest-neighbour graph of the samples, and
 * :class:`~sklearn.semi_supervised.SelfTrainingClassifier`, which labels the
