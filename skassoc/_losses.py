@@ -271,7 +271,7 @@ def balance_loss(class_probabilities, class_shares, class_mass=None):
         among the labeled ones); sums to 1.
     class_mass : torch.Tensor of shape (n_classes,), default=None
         A running estimate of the classes' mass, updated here in place by
-        a moving average of this batch's (decay :data:`CLASS_MASS_DECAY`).
+        a moving average of this batch's (over about the last hundred batches).
         The loss is then measured on it, and its gradient is that of the
         divergence at the estimate, through this batch's mass. Without it,
         the loss is that of this batch alone.

@@ -111,10 +111,9 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     if previous is not None:
         _check_warm_start(estimator, inputs, spec, previous)
         spec = _fitted_spec(previous)
-    # Feature vectors that the built-in MLP embeds: "auto" adds noise to them.
-    feature_vectors = inputs.image_shape is None and spec.network == "mlp"
+    feature_vectors = embeds_feature_vectors(inputs, spec)
     augmentation = _check_augmentation(estimator, inputs.image_shape, feature_vectors)
-    consistency_weight = _resolve_consistency_weight(
+    consistency_weight = resolve_consistency_weight(
         estimator, augmentation, feature_vectors
     )
     precision = resolve_precision(estimator.precision, device, inputs.images)
@@ -312,6 +311,11 @@ def _check_image_options(estimator, image_shape):
             )
 
 
+def embeds_feature_vectors(inputs, spec):
+    """Whether the built-in MLP embeds feature vectors (which "auto" noises)."""
+    return inputs.image_shape is None and spec.network == "mlp"
+
+
 def _check_augmentation(estimator, image_shape, feature_vectors):
     """The full augmentation settings, after the checks against the data."""
     augmentation = resolve_augmentation(estimator.augmentation, feature_vectors)
@@ -343,7 +347,7 @@ def _check_augmentation(estimator, image_shape, feature_vectors):
     return augmentation
 
 
-def _resolve_consistency_weight(estimator, augmentation, feature_vectors):
+def resolve_consistency_weight(estimator, augmentation, feature_vectors):
     """``consistency_weight`` as a float.
 
     ``"auto"`` is ``AUTO_CONSISTENCY_WEIGHT`` with feature noise (of a

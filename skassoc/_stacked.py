@@ -57,7 +57,11 @@ from ._fitted import FittedState, set_fitted_state
 from ._inputs import validate_training_inputs
 from ._losses import step_losses
 from ._networks import weight_tensors
-from ._settings import resolve_fit_settings
+from ._settings import (
+    embeds_feature_vectors,
+    resolve_consistency_weight,
+    resolve_fit_settings,
+)
 from ._training import (
     _keep_lr_tensor,
     _learning_rate,
@@ -130,6 +134,26 @@ def _check_shared(estimator, stacking):
         )
 
 
+def _check_same_consistency(candidates, inputs, settings):
+    """Refuse candidates whose ``consistency_weight="auto"`` resolves apart.
+
+    The loss draws a second augmented copy of the batch, so candidates with
+    and without it cannot share the batches of their separate fits.
+    """
+    feature_vectors = embeds_feature_vectors(inputs, settings.spec)
+    weights = {
+        resolve_consistency_weight(c, settings.training.augmentation, feature_vectors)
+        for c in candidates
+    }
+    if len(weights) > 1:
+        raise ValueError(
+            "The candidates' consistency_weight='auto' resolves to different "
+            f"weights {sorted(weights)} (0 where both walker_weight and "
+            "visit_weight are 0). Set consistency_weight on the estimator, or "
+            "leave the all-zero pair out of the grid."
+        )
+
+
 def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
     """Fit one clone of ``estimator`` per parameter set, all in one training loop.
 
@@ -190,6 +214,7 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
     # One resolution for all: with a RandomState instance (or None) every
     # resolution would draw another seed, and the candidates must share one.
     settings = resolve_fit_settings(candidates[0], inputs)
+    _check_same_consistency(candidates, inputs, settings)
     configs = [
         replace(settings.training, **{n: float(getattr(c, n)) for n in LOSS_WEIGHTS})
         for c in candidates

@@ -164,3 +164,16 @@ def test_feature_noise_settings_are_saved(fast_params, scaled_blobs, tmp_path):
     assert loaded.get_params()["augmentation"] == augmentation
     assert loaded.consistency_weight == 1.5
     np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+
+
+def test_stacked_candidates_must_agree_on_the_auto_consistency(
+    fast_params, scaled_blobs
+):
+    # Both weights at 0 switch "auto" off for that candidate only.
+    X, y = scaled_blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    grid = [{"walker_weight": 0.0, "visit_weight": 0.0}, {"walker_weight": 1.0}]
+    with pytest.raises(ValueError, match=r"resolves to different weights \[0.0, 2.0\]"):
+        fit_candidates(estimator, grid, X, y)
+    fitted = fit_candidates(estimator.set_params(consistency_weight=0), grid, X, y)
+    assert all("consistency" not in f.history_ for f in fitted)
