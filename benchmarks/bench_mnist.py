@@ -131,7 +131,7 @@ def _cases():
         for n in ("100", "1000"):
             pub = published[n] if r == "paper" else ""
             yield h.Case("recipes", r, n, recipe_params(r), 40, f'recipe "{r}"', pub)
-    balanced = "recipes", "balanced", "100", recipe_params("balanced"), 10
+    balanced = "recipes", "balanced", "100", recipe_params("balanced"), 20
     yield h.Case(*balanced, 'recipe "balanced"')
     yield h.Case("ablations", "paper", "100", paper, 40, title, published["100"])
     for name, overrides in ABLATIONS.items():

@@ -62,8 +62,8 @@ def accuracies(n_labels, seed):
     labeled = y_semi != -1
     models = {
         "Association": (association(n_labels), X_train, y_semi),
-        # Same network, steps and feature noise, but only the classification
-        # loss, and only the labeled samples.
+        # Same network and steps, but only the classification loss, and only
+        # the labeled samples (the feature noise is sized on them).
         "Same network, labeled only": (
             association(n_labels, walker_weight=0.0, visit_weight=0.0),
             X_train[labeled],

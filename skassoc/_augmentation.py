@@ -52,9 +52,10 @@ PAPER_AUGMENTATION = {
 
 
 #: The augmentation of feature vectors, and augmentation="auto"'s for them:
-#: noise of half of each feature's standard deviation on the labeled batch
-#: (and on the consistency loss's second copy of the unlabeled batch).
-FEATURE_NOISE = {"feature_noise": 0.5, "unlabeled": False}
+#: noise on the labeled batch (and on the consistency loss's second copy of
+#: the unlabeled batch) whose size "auto" follows the data's spacing
+#: (``_defaults.auto_feature_noise``).
+FEATURE_NOISE = {"feature_noise": "auto", "unlabeled": False}
 
 
 def resolve_augmentation(augmentation, feature_vectors):
@@ -115,7 +116,8 @@ def _resolve_feature_noise(augmentation):
 
 
 def _check_settings(settings):
-    """Refuse settings that are not finite numbers >= 0 (``unlabeled``: a bool).
+    """Refuse settings that are not finite numbers >= 0 (``unlabeled``: a
+    bool; ``feature_noise`` may also be ``"auto"``).
 
     Turns ``settings["unlabeled"]`` into a Python bool, in place.
     """
@@ -126,14 +128,17 @@ def _check_settings(settings):
         )
     settings["unlabeled"] = bool(settings["unlabeled"])
     for name, value in settings.items():
-        if name == "unlabeled":
+        auto = name == "feature_noise" and isinstance(value, str) and value == "auto"
+        if name == "unlabeled" or auto:
             continue
         number = isinstance(value, numbers.Real) and not isinstance(
             value, (bool, np.bool_)
         )
         if not (number and math.isfinite(value) and value >= 0):
+            also = " or 'auto'" if name == "feature_noise" else ""
             raise ValueError(
-                f"augmentation[{name!r}] must be a finite number >= 0; got {value!r}."
+                f"augmentation[{name!r}] must be a finite number >= 0{also}; "
+                f"got {value!r}."
             )
 
 

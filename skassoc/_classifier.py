@@ -195,8 +195,12 @@ class SemiSupervisedAssociationClassifier(
           ``unlabeled`` the only other key): Gaussian noise of this many
           standard deviations of each feature, in the units the MLP
           standardises by (so constant features, which it leaves unscaled,
-          get noise of this size; ``"auto"``: 0.5, with
-          ``unlabeled=False``);
+          get noise of this size). ``"auto"`` (with ``unlabeled=False``)
+          sizes it to the data: 1.25 times the median distance from a
+          sample to its nearest other sample, with every feature
+          standardised, over the square root of the number of features
+          that vary, at most 1.5 (measured on random rows, see the user
+          guide);
         - ``unlabeled``: True augments both batches (the default for
           images), False the labeled batch only, leaving the unlabeled
           samples as they are (the second copy of ``consistency_weight`` is

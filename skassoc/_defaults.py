@@ -1,7 +1,8 @@
 """How the estimator's ``"auto"`` parameters are chosen from the data.
 
-Pure functions of the data's size and labels, the network and the device:
-nothing here measures time at run time, so a fit's parameters (and its
+Pure functions of the data (its size, labels and, for the feature noise,
+its spacing), the network and the device: nothing here measures time at
+run time, so a fit's parameters (and its
 result, for a given ``random_state``) never depend on how busy the machine
 is. Measured fit times and accuracies of these rules are in
 ``benchmarks/results/defaults_*`` (``benchmarks/bench_defaults.py``).
@@ -12,6 +13,7 @@ import math
 import numpy as np
 
 __all__ = [
+    "auto_feature_noise",
     "auto_labeled_per_class",
     "auto_unlabeled_batch_size",
     "network_macs",
@@ -24,6 +26,18 @@ __all__ = [
 #: noisy copy of every unlabeled sample are trained toward those from the
 #: sample, twice as strongly as the walker loss.
 AUTO_CONSISTENCY_WEIGHT = 2.0
+#: augmentation="auto"'s feature noise, in multiples of the data's spacing
+#: (see auto_feature_noise), and at most this many standard deviations:
+#: a few distinct rows (two binary features, say) lie so far apart that
+#: the noise would drown the features (which the MLP bounds at 3).
+NOISE_PER_SPACING = 1.25
+MAX_FEATURE_NOISE = 1.5
+#: The spacing is measured on at most this many random rows (and values:
+#: 16 MiB in float64, so that very wide rows take fewer), from at most this
+#: many of them: a fraction of a second for hundreds of features.
+SPACING_ROWS = 5_000
+SPACING_VALUES = 2_000_000
+SPACING_QUERIES = 500
 #: The paper's labeled samples per class in a batch (10 on MNIST).
 MAX_LABELED_PER_CLASS = 10
 #: The paper's unlabeled batch (100 on MNIST).
@@ -201,3 +215,62 @@ def auto_max_iter(n_unlabeled, unlabeled_batch_size, step_seconds=None, device="
     if device_type != "cuda":
         steps = min(steps, int(BUDGET_SECONDS / step_seconds))
     return max(1, steps)
+
+
+def auto_feature_noise(data, seed):
+    """The feature noise of ``augmentation="auto"``, in standard deviations.
+
+    ``NOISE_PER_SPACING`` times the data's spacing, at most
+    ``MAX_FEATURE_NOISE``. The spacing is the median distance from a sample
+    to its nearest other sample (duplicates left out), with every feature
+    standardised, divided by the square root of the number of features that
+    vary (the distance per feature). The noise then reaches about as far as
+    a sample's neighbours, the vicinity of vicinal risk minimisation
+    (Chapelle et al., NIPS 2000), whatever the number of features and
+    however densely the samples lie: dense, few features get little noise;
+    sparse, many features more.
+
+    Parameters
+    ----------
+    data : ndarray or numpy.memmap of shape (n_samples, n_features)
+        The training rows (a memory map is read only at the sampled rows).
+    seed : int
+        Seeds the choice of the rows measured: at most ``SPACING_ROWS`` (and
+        ``SPACING_VALUES`` values in all, so very wide rows are measured on
+        fewer of them, which lie farther apart), of which at most
+        ``SPACING_QUERIES`` look for their nearest neighbour.
+
+    Returns
+    -------
+    feature_noise : float
+        0 when all rows are equal (there is no spacing to follow).
+    """
+    rng = np.random.default_rng(seed)
+    n_samples, n_features = data.shape[0], math.prod(data.shape[1:])
+    n_rows = min(n_samples, SPACING_ROWS, max(2, SPACING_VALUES // n_features))
+    rows = np.sort(rng.choice(n_samples, n_rows, replace=False))
+    raw = np.asarray(data[rows]).reshape(n_rows, -1)
+    mean, std = raw.mean(axis=0, dtype=np.float64), raw.std(axis=0, dtype=np.float64)
+    # Constant features add nothing to the distances, so they do not count.
+    varying = std > 0
+    # Duplicates (common in discrete data) would make the nearest distance 0.
+    # They are dropped in the data's own type, before the float64 copy.
+    sample = np.unique(raw[:, varying], axis=0).astype(np.float64)
+    del raw
+    if len(sample) < 2:
+        return 0.0
+    sample -= mean[varying]
+    sample /= std[varying]
+    queries = sample[
+        rng.choice(len(sample), min(len(sample), SPACING_QUERIES), replace=False)
+    ]
+    squared = np.einsum("ij,ij->i", sample, sample)[None, :] - 2 * queries @ sample.T
+    squared += np.einsum("ij,ij->i", queries, queries)[:, None]
+    # The query itself, and rows that differ from it by rounding only: the
+    # expansion above is exact to about 1e-16 of the rows' squared norms.
+    squared[squared <= 1e-9 * varying.sum()] = np.inf
+    nearest = squared.min(axis=1)
+    if not np.isfinite(nearest).any():
+        return 0.0
+    spacing = math.sqrt(np.median(nearest[np.isfinite(nearest)]) / varying.sum())
+    return min(MAX_FEATURE_NOISE, NOISE_PER_SPACING * spacing)

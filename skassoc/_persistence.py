@@ -162,7 +162,10 @@ def _augmentation(value):
         return False
     bounded = _float_in(0, 100)
     return all(
-        isinstance(item, bool) if key == "unlabeled" else bounded(item)
+        isinstance(item, bool)
+        if key == "unlabeled"
+        else (key == "feature_noise" and isinstance(item, str) and item == "auto")
+        or bounded(item)
         for key, item in value.items()
     )
 

@@ -16,6 +16,7 @@ from sklearn.utils import check_random_state
 from ._augmentation import resolve_augmentation
 from ._defaults import (
     AUTO_CONSISTENCY_WEIGHT,
+    auto_feature_noise,
     auto_labeled_per_class,
     auto_max_iter,
     auto_unlabeled_batch_size,
@@ -111,8 +112,10 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     if previous is not None:
         _check_warm_start(estimator, inputs, spec, previous)
         spec = _fitted_spec(previous)
+    if seed is None:
+        seed = fit_seed(estimator.random_state)
     feature_vectors = embeds_feature_vectors(inputs, spec)
-    augmentation = _check_augmentation(estimator, inputs.image_shape, feature_vectors)
+    augmentation = _check_augmentation(estimator, inputs, feature_vectors, seed)
     consistency_weight = resolve_consistency_weight(
         estimator, augmentation, feature_vectors
     )
@@ -120,8 +123,6 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     labeled_per_class, unlabeled_batch_size, max_iter = _resolve_batching(
         estimator, inputs, spec, device, precision, consistency_weight
     )
-    if seed is None:
-        seed = fit_seed(estimator.random_state)
     training = TrainingConfig(
         max_iter=max_iter,
         learning_rate=float(estimator.learning_rate),
@@ -316,8 +317,13 @@ def embeds_feature_vectors(inputs, spec):
     return inputs.image_shape is None and spec.network == "mlp"
 
 
-def _check_augmentation(estimator, image_shape, feature_vectors):
-    """The full augmentation settings, after the checks against the data."""
+def _check_augmentation(estimator, inputs, feature_vectors, seed):
+    """The full augmentation settings, after the checks against the data.
+
+    A ``feature_noise`` of ``"auto"`` becomes its size for ``inputs``,
+    measured on rows chosen with ``seed``.
+    """
+    image_shape = inputs.image_shape
     augmentation = resolve_augmentation(estimator.augmentation, feature_vectors)
     if augmentation is None:
         return None
@@ -330,6 +336,8 @@ def _check_augmentation(estimator, image_shape, feature_vectors):
                 "network='mlp' (or 'auto'). For images, use the image settings "
                 "(e.g. augmentation='paper')."
             )
+        if augmentation["feature_noise"] == "auto":
+            augmentation["feature_noise"] = auto_feature_noise(inputs.data, seed)
         return augmentation
     if image_shape is None:
         raise ValueError(

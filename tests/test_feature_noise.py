@@ -7,6 +7,14 @@ from sklearn.datasets import load_digits
 
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._augmentation import FEATURE_NOISE, FeatureNoise, resolve_augmentation
+from skassoc._defaults import (
+    MAX_FEATURE_NOISE,
+    NOISE_PER_SPACING,
+    SPACING_ROWS,
+    SPACING_VALUES,
+    auto_feature_noise,
+)
+from skassoc._settings import fit_seed
 from skassoc._stacked import fit_candidates
 
 
@@ -33,6 +41,7 @@ def _fit(fast_params, X, y, **params):
 
 def test_auto_means_feature_noise_for_feature_vectors_only():
     assert resolve_augmentation("auto", True) == FEATURE_NOISE
+    assert FEATURE_NOISE == {"feature_noise": "auto", "unlabeled": False}
     assert resolve_augmentation("auto", False) is None
     assert resolve_augmentation({"feature_noise": 0.2}, True) == {
         "feature_noise": 0.2,
@@ -42,6 +51,93 @@ def test_auto_means_feature_noise_for_feature_vectors_only():
         resolve_augmentation({"feature_noise": 0.2, "affine_std": 0.1}, True)
     with pytest.raises(ValueError, match=r"'feature_noise'\] must be a finite"):
         resolve_augmentation({"feature_noise": -1.0}, True)
+
+
+def test_auto_noise_reaches_the_nearest_neighbour():
+    # Samples 1 apart on a line: the nearest one is 1 / std standardised
+    # units away. A second column, the first rescaled, doubles neither
+    # the noise (distances grow by sqrt(2), as does the feature count) nor
+    # depends on its scale.
+    line = np.arange(100.0)[:, None]
+    expected = NOISE_PER_SPACING / line.std()
+    assert auto_feature_noise(line, seed=0) == pytest.approx(expected)
+    both = np.hstack([line, 1e4 * line - 7])
+    assert auto_feature_noise(both, seed=0) == pytest.approx(expected)
+    # Denser samples get less noise; duplicates do not count as neighbours.
+    denser = np.arange(0, 100, 0.5)[:, None]
+    assert auto_feature_noise(denser, seed=0) == pytest.approx(expected / 2, rel=0.01)
+    assert auto_feature_noise(np.repeat(line, 3, axis=0), seed=0) == pytest.approx(
+        expected
+    )
+    assert auto_feature_noise(np.ones((50, 3)), seed=0) == 0.0
+
+
+def test_auto_noise_ignores_constant_features_and_rounding_copies():
+    X = np.random.default_rng(0).normal(size=(300, 5))
+    noise = auto_feature_noise(X, seed=0)
+    padded = np.hstack([X, np.zeros((300, 20)), np.full((300, 1), 7.0)])
+    assert auto_feature_noise(padded, seed=0) == pytest.approx(noise)
+    # Copies that differ by rounding only are duplicates, not neighbours.
+    jittered = np.vstack([X, X + 1e-12])
+    assert auto_feature_noise(jittered, seed=0) == pytest.approx(noise, rel=0.05)
+
+
+def test_auto_noise_is_bounded():
+    # Two distinct rows lie far apart once standardised.
+    two_rows = np.repeat([[0.0, 1.0], [1.0, 0.0]], 50, axis=0)
+    assert auto_feature_noise(two_rows, seed=0) == MAX_FEATURE_NOISE
+    assert resolve_augmentation({"feature_noise": "auto"}, True) == {
+        "feature_noise": "auto",
+        "unlabeled": False,
+    }
+    with pytest.raises(ValueError, match=r"number >= 0 or 'auto'; got array"):
+        resolve_augmentation({"feature_noise": np.array([0.5, 1.0])}, True)
+
+
+class _RowReader:
+    """An array that records how many rows are read from it."""
+
+    def __init__(self, array):
+        self.array, self.shape, self.rows_read = array, array.shape, 0
+
+    def __getitem__(self, rows):
+        self.rows_read += len(rows)
+        return self.array[rows]
+
+
+def test_auto_noise_reads_few_rows_of_large_or_wide_data():
+    rng = np.random.default_rng(0)
+    tall = _RowReader(rng.normal(size=(SPACING_ROWS + 1000, 3)))
+    noise = auto_feature_noise(tall, seed=0)
+    assert tall.rows_read == SPACING_ROWS
+    # Other rows, about the same spacing.
+    assert auto_feature_noise(tall.array, seed=1) == pytest.approx(noise, rel=0.1)
+    wide = _RowReader(rng.normal(size=(50, SPACING_VALUES // 10)))
+    auto_feature_noise(wide, seed=0)
+    assert wide.rows_read == 10
+
+
+def test_auto_noise_reads_a_memmap_as_an_array(tmp_path):
+    X = np.random.default_rng(0).normal(size=(300, 5))
+    mapped = np.lib.format.open_memmap(
+        tmp_path / "x.npy", mode="w+", dtype=X.dtype, shape=X.shape
+    )
+    mapped[:] = X
+    assert auto_feature_noise(mapped, seed=3) == auto_feature_noise(X, seed=3)
+
+
+def test_auto_noise_is_what_a_fit_trains_with(fast_params, scaled_blobs):
+    X, y = scaled_blobs
+    # The fit measures its float32 copy of X.
+    noise = auto_feature_noise(
+        X.astype(np.float32), fit_seed(fast_params["random_state"])
+    )
+    assert 0 < noise < MAX_FEATURE_NOISE
+    auto = _fit(fast_params, X, y)
+    chosen = _fit(fast_params, X, y, augmentation={"feature_noise": noise})
+    other = _fit(fast_params, X, y, augmentation={"feature_noise": 2 * noise})
+    np.testing.assert_array_equal(auto.predict_proba(X), chosen.predict_proba(X))
+    assert not np.array_equal(auto.predict_proba(X), other.predict_proba(X))
 
 
 def test_feature_noise_follows_each_feature_scale():
@@ -153,9 +249,10 @@ def test_stacked_candidates_with_the_consistency_loss_equal_separate_fits(
             )
 
 
-def test_feature_noise_settings_are_saved(fast_params, scaled_blobs, tmp_path):
+@pytest.mark.parametrize("noise", [0.3, "auto"])
+def test_feature_noise_settings_are_saved(fast_params, scaled_blobs, tmp_path, noise):
     X, y = scaled_blobs
-    augmentation = {"feature_noise": 0.3, "unlabeled": True}
+    augmentation = {"feature_noise": noise, "unlabeled": True}
     clf = _fit(fast_params, X, y, augmentation=augmentation, consistency_weight=1.5)
     clf.save(tmp_path / "m.skassoc")
     loaded = SemiSupervisedAssociationClassifier.load(

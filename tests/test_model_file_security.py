@@ -154,6 +154,8 @@ def test_device_is_never_taken_from_a_file(saved, tmp_path):
         ("augmentation", {"affine_std": 1e300}),
         ("augmentation", {"__import__": "os"}),
         ("augmentation", {"feature_noise": 1e300}),
+        ("augmentation", {"feature_noise": "huge"}),
+        ("augmentation", {"affine_std": "auto"}),
         ("augmentation", {"feature_noise": 0.5, "affine_std": 0.1}),
         ("augmentation", "noisy"),
         ("consistency_weight", "always"),
