@@ -1,6 +1,7 @@
 """SemiSupervisedAssociationClassifier: the paper's recipe as an estimator."""
 
 import copy
+import sys
 import warnings
 from numbers import Integral, Real
 
@@ -20,6 +21,7 @@ from sklearn.utils._param_validation import (
     validate_parameter_constraints,
 )
 from sklearn.utils.validation import check_consistent_length, column_or_1d
+from tqdm.auto import tqdm
 
 from ._batches import UNLABELED_POOLS, make_batches
 from ._device import (
@@ -45,6 +47,7 @@ from ._persistence import load_model, save_model
 from ._sampling import UNLABELED_SAMPLINGS
 from ._settings import (
     available_memory_bytes,
+    describe_settings,
     fit_seed,
     resolve_fit_settings,
     resolve_precision,
@@ -277,7 +280,9 @@ class SemiSupervisedAssociationClassifier(
         Seeds the network's initial weights and every batch draw. With an
         int, two fits on a CPU give identical models.
     verbose : int, default=0
-        Show a progress bar with the losses when > 0.
+        When > 0, print what the ``"auto"`` parameters became (network,
+        steps, batch sizes, feature noise) and show a progress bar with the
+        losses.
     warm_start : bool, default=False
         Start training from the weights of the previous fit (with a fresh
         optimizer and learning-rate schedule) instead of a new network. The
@@ -614,6 +619,9 @@ class SemiSupervisedAssociationClassifier(
             )
         previous = get_fitted_state(self) if self._continues() else None
         settings = resolve_fit_settings(self, inputs, previous, seed)
+        if self.verbose:
+            # Where the progress bar goes.
+            tqdm.write(describe_settings(settings), file=sys.stderr)
         loss_weights = classification_weights(self.class_weight, inputs)
         device = settings.device
         with seeded_rng(settings.seed, device), torch_threads(device):

@@ -31,7 +31,7 @@ from ._networks import NETWORKS, auto_network_name
 from ._training import TrainingConfig, default_log_interval
 from ._utils import is_integer
 
-__all__ = ["FitSettings", "fit_seed", "resolve_fit_settings"]
+__all__ = ["FitSettings", "describe_settings", "fit_seed", "resolve_fit_settings"]
 
 # The authors' code decays the logit layer's weights by 1e-4 for every network.
 LOGIT_L2_SCALE = 1e-4
@@ -205,6 +205,29 @@ def _resolve_batching(estimator, inputs, spec, device, precision, consistency_we
         )
         max_iter = auto_max_iter(n_pool, unlabeled_batch_size, step_seconds, device)
     return labeled_per_class, unlabeled_batch_size, max_iter
+
+
+def describe_settings(settings):
+    """One line that says what a fit's ``"auto"`` parameters became.
+
+    Printed by a ``verbose`` fit before it trains, e.g. ``skassoc: network
+    mlp on cpu, 1207 steps of 5 labeled samples per class and 100 unlabeled
+    ones, feature noise 0.58, consistency weight 2``.
+    """
+    training = settings.training
+    parts = [
+        f"network {settings.spec.network} on {settings.device}",
+        f"{training.max_iter} steps of {settings.labeled_per_class} labeled "
+        f"samples per class and {settings.unlabeled_batch_size} unlabeled ones",
+    ]
+    augmentation = training.augmentation
+    if augmentation is not None and "feature_noise" in augmentation:
+        parts.append(f"feature noise {augmentation['feature_noise']:.3g}")
+    elif augmentation is not None:
+        parts.append("image augmentation")
+    if training.consistency_weight > 0:
+        parts.append(f"consistency weight {training.consistency_weight:g}")
+    return "skassoc: " + ", ".join(parts)
 
 
 def resolve_precision(precision, device, images):

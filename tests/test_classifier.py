@@ -16,6 +16,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._defaults import auto_feature_noise
+from skassoc._settings import fit_seed
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -626,6 +628,25 @@ def test_verbose_progress_bar(fast_params, blobs_semi, capsys):
     make_clf(fast_params, verbose=1, max_iter=20).fit(X, y)
     err = capsys.readouterr().err
     assert "skassoc" in err
+
+
+def test_verbose_says_what_auto_chose(fast_params, blobs_semi, capsys):
+    X, y = blobs_semi
+    make_clf(fast_params, verbose=1, max_iter=20, labeled_per_class="auto").fit(X, y)
+    noise = auto_feature_noise(X, fit_seed(fast_params["random_state"]))
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        "skassoc: network mlp on cpu, 20 steps of 10 labeled samples per class "
+        f"and {fast_params['unlabeled_batch_size']} unlabeled ones, feature noise "
+        f"{noise:.3g}, consistency weight 2"
+    )
+    images = np.zeros((40, 8, 8)), np.arange(40) % 2
+    make_clf(
+        fast_params, verbose=1, max_iter=2, network="auto", augmentation="paper"
+    ).fit(*images)
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("skassoc: network small on cpu, 2 steps")
+    assert first.endswith(", image augmentation")
 
 
 def test_the_bar_stays_and_verbose_2_adds_rate_and_validation(
