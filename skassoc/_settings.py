@@ -210,9 +210,11 @@ def _resolve_batching(estimator, inputs, spec, device, precision, consistency_we
 def describe_settings(settings):
     """One line that says what a fit's ``"auto"`` parameters became.
 
-    Printed by a ``verbose`` fit before it trains, e.g. ``skassoc: network
-    mlp on cpu, 1207 steps of 5 labeled samples per class and 100 unlabeled
-    ones, feature noise 0.58, consistency weight 2``.
+    Printed by a ``verbose`` fit before it trains: ``skassoc: network
+    <name> on <device>, <max_iter> steps of <labeled_per_class> labeled
+    samples per class and <unlabeled_batch_size> unlabeled ones``, then the
+    feature noise or "image augmentation" and the consistency weight, where
+    there are any.
     """
     training = settings.training
     parts = [

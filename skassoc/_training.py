@@ -588,8 +588,13 @@ class _TrainingLog:
     def _show(self):
         if not self.config.verbose:
             return
-        shown = {name: self.history[name][-1] for name in self.step.loss_names}
-        if self.config.verbose >= 2:
+        # A validation may come before the first losses are read back.
+        shown = {
+            name: self.history[name][-1]
+            for name in self.step.loss_names
+            if self.history[name]
+        }
+        if self.config.verbose >= 2 and self.history["learning_rate"]:
             shown["lr"] = self.history["learning_rate"][-1]
             if self.history.get("validation_score"):
                 shown["val"] = self.history["validation_score"][-1]

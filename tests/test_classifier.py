@@ -664,6 +664,24 @@ def test_the_bar_stays_and_verbose_2_adds_rate_and_validation(
     assert "20/20" in last and "lr=" in last and "val=" in last
 
 
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_verbose_validation_before_the_first_losses(
+    fast_params, blobs_semi, capsys, verbose
+):
+    # The losses are read back every 10 steps; the validation runs every step.
+    X, y = blobs_semi
+    make_clf(
+        fast_params,
+        verbose=verbose,
+        max_iter=12,
+        validation_interval=1,
+        early_stopping=True,
+        n_iter_no_change=100,
+    ).fit(X, y)
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "12/12" in last and "walker=" in last
+
+
 def test_quiet_by_default(fast_params, blobs_semi, capsys):
     X, y = blobs_semi
     make_clf(fast_params, max_iter=20).fit(X, y)
