@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from ._utils import varies
+
 __all__ = [
     "auto_feature_noise",
     "auto_labeled_per_class",
@@ -33,10 +35,12 @@ AUTO_CONSISTENCY_WEIGHT = 2.0
 NOISE_PER_SPACING = 1.25
 MAX_FEATURE_NOISE = 1.5
 #: The spacing is measured on at most this many random rows (and values:
-#: 16 MiB in float64, so that very wide rows take fewer), from at most this
-#: many of them: a fraction of a second for hundreds of features.
+#: 16 MiB in float64, so that very wide rows take fewer, but never fewer
+#: than SPACING_MIN_ROWS rows), from at most this many of them: a fraction
+#: of a second for hundreds of features.
 SPACING_ROWS = 5_000
 SPACING_VALUES = 2_000_000
+SPACING_MIN_ROWS = 50
 SPACING_QUERIES = 500
 #: The paper's labeled samples per class in a batch (10 on MNIST).
 MAX_LABELED_PER_CLASS = 10
@@ -247,15 +251,20 @@ def auto_feature_noise(data, seed):
     """
     rng = np.random.default_rng(seed)
     n_samples, n_features = data.shape[0], math.prod(data.shape[1:])
-    n_rows = min(n_samples, SPACING_ROWS, max(2, SPACING_VALUES // n_features))
+    wide_rows = max(SPACING_MIN_ROWS, SPACING_VALUES // n_features)
+    n_rows = min(n_samples, SPACING_ROWS, wide_rows)
     rows = np.sort(rng.choice(n_samples, n_rows, replace=False))
     raw = np.asarray(data[rows]).reshape(n_rows, -1)
     mean, std = raw.mean(axis=0, dtype=np.float64), raw.std(axis=0, dtype=np.float64)
     # Constant features add nothing to the distances, so they do not count.
-    varying = std > 0
+    varying = varies(std, mean)
+    if not varying.any():
+        return 0.0
+    if not varying.all():
+        raw = raw[:, varying]
     # Duplicates (common in discrete data) would make the nearest distance 0.
     # They are dropped in the data's own type, before the float64 copy.
-    sample = np.unique(raw[:, varying], axis=0).astype(np.float64)
+    sample = _distinct_rows(raw).astype(np.float64)
     del raw
     if len(sample) < 2:
         return 0.0
@@ -274,3 +283,21 @@ def auto_feature_noise(data, seed):
         return 0.0
     spacing = math.sqrt(np.median(nearest[np.isfinite(nearest)]) / varying.sum())
     return min(MAX_FEATURE_NOISE, NOISE_PER_SPACING * spacing)
+
+
+def _distinct_rows(rows):
+    """The distinct rows of the 2-D array ``rows``.
+
+    ``np.unique(axis=0)`` sorts them, and which rows become the queries
+    depends on that order when there are more than ``SPACING_QUERIES``. It
+    costs seconds for rows of hundreds of thousands of values, but rows that
+    wide are too few to choose queries among (``SPACING_VALUES``): for them,
+    a view of each row as one string of bytes finds the same rows, in their
+    own order, in milliseconds.
+    """
+    if len(rows) > SPACING_QUERIES:
+        return np.unique(rows, axis=0)
+    rows = np.ascontiguousarray(rows)
+    as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
+    _, first = np.unique(as_bytes.ravel(), return_index=True)
+    return rows[np.sort(first)]

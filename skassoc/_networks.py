@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ._inputs import as_tensor
+from ._utils import varies
 
 __all__ = [
     "MNISTNet",
@@ -476,8 +477,9 @@ class MLPNet(nn.Module):
             squares += ((rows - mean) ** 2).sum(dim=0)
         self.mean.copy_(mean)
         std = (squares / n).sqrt()
-        # Constant features would divide by zero; leave them unscaled.
-        self.scale.copy_(torch.where(std > 0, std, torch.ones_like(std)))
+        # Constant features would divide by zero (or, from rounding, by
+        # almost zero); leave them unscaled.
+        self.scale.copy_(torch.where(varies(std, mean), std, torch.ones_like(std)))
 
     def forward(self, x):
         z = (x.flatten(1) - self.mean) / self.scale

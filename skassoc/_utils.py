@@ -1,4 +1,5 @@
-"""Small helpers shared by every module: integer checks and warning levels."""
+"""Small helpers shared by every module: integer checks, constant features
+and warning levels."""
 
 import inspect
 import numbers
@@ -6,7 +7,13 @@ import os
 
 import numpy as np
 
-__all__ = ["is_integer", "user_stacklevel"]
+__all__ = ["is_integer", "user_stacklevel", "varies"]
+
+#: A feature whose standard deviation is at most this fraction of its mean
+#: is constant. The float64 mean of a constant read in chunks misses it by
+#: far less (so its computed deviation is tiny but not 0), and float32 data,
+#: whose last digit is 6e-8 of the value, varies by far more.
+CONSTANT_TOLERANCE = 1e-9
 
 
 def is_integer(value):
@@ -14,6 +21,15 @@ def is_integer(value):
     return isinstance(value, numbers.Integral) and not isinstance(
         value, (bool, np.bool_)
     )
+
+
+def varies(std, mean):
+    """Whether each feature varies, from its standard deviation and mean.
+
+    Works on NumPy arrays and torch tensors alike; see
+    :data:`CONSTANT_TOLERANCE`.
+    """
+    return std > CONSTANT_TOLERANCE * abs(mean)
 
 
 def user_stacklevel():

@@ -10,10 +10,12 @@ from skassoc._augmentation import FEATURE_NOISE, FeatureNoise, resolve_augmentat
 from skassoc._defaults import (
     MAX_FEATURE_NOISE,
     NOISE_PER_SPACING,
+    SPACING_MIN_ROWS,
     SPACING_ROWS,
     SPACING_VALUES,
     auto_feature_noise,
 )
+from skassoc._networks import MLPNet
 from skassoc._settings import fit_seed
 from skassoc._stacked import fit_candidates
 
@@ -82,6 +84,23 @@ def test_auto_noise_ignores_constant_features_and_rounding_copies():
     assert auto_feature_noise(jittered, seed=0) == pytest.approx(noise, rel=0.05)
 
 
+def test_constants_that_round_in_float64_stay_constant(tmp_path):
+    # The float64 mean of 0.1s is not exactly 0.1, so their deviation is
+    # tiny but not 0: they still neither count nor get scaled.
+    rng = np.random.default_rng(0)
+    X = np.hstack([rng.normal(size=(1000, 5)), np.full((1000, 5), 0.1)])
+    assert X[:, 5].std() > 0
+    noise = auto_feature_noise(X[:, :5], seed=0)
+    assert auto_feature_noise(X, seed=0) == pytest.approx(noise)
+    mapped = np.lib.format.open_memmap(
+        tmp_path / "x.npy", mode="w+", dtype=X.dtype, shape=X.shape
+    )
+    mapped[:] = X
+    network = MLPNet(10)
+    network.fit_normalization(mapped)
+    assert (network.scale[5:] == 1).all() and (network.scale[:5] != 1).all()
+
+
 def test_auto_noise_is_bounded():
     # Two distinct rows lie far apart once standardised.
     two_rows = np.repeat([[0.0, 1.0], [1.0, 0.0]], 50, axis=0)
@@ -105,16 +124,28 @@ class _RowReader:
         return self.array[rows]
 
 
-def test_auto_noise_reads_few_rows_of_large_or_wide_data():
+def test_auto_noise_reads_few_rows_of_large_or_wide_data(monkeypatch):
     rng = np.random.default_rng(0)
     tall = _RowReader(rng.normal(size=(SPACING_ROWS + 1000, 3)))
     noise = auto_feature_noise(tall, seed=0)
     assert tall.rows_read == SPACING_ROWS
     # Other rows, about the same spacing.
     assert auto_feature_noise(tall.array, seed=1) == pytest.approx(noise, rel=0.1)
-    wide = _RowReader(rng.normal(size=(50, SPACING_VALUES // 10)))
+    # Room for 100 values: 10 rows of 10 features, but never fewer than
+    # SPACING_MIN_ROWS rows.
+    monkeypatch.setattr("skassoc._defaults.SPACING_VALUES", 100)
+    wide = _RowReader(rng.normal(size=(SPACING_MIN_ROWS + 100, 10)))
     auto_feature_noise(wide, seed=0)
-    assert wide.rows_read == 10
+    assert wide.rows_read == SPACING_MIN_ROWS
+
+
+def test_auto_noise_of_wide_rows_is_that_of_narrow_ones():
+    # A line of 40 points, each feature repeated: the same spacing per
+    # feature, measured on all 40 rows however wide they are.
+    line = np.arange(40.0)[:, None]
+    wide = np.repeat(line.astype(np.float32), SPACING_VALUES // 10, axis=1)
+    expected = NOISE_PER_SPACING / line.std()
+    assert auto_feature_noise(wide, seed=0) == pytest.approx(expected, rel=1e-5)
 
 
 def test_auto_noise_reads_a_memmap_as_an_array(tmp_path):
