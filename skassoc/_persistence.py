@@ -258,7 +258,8 @@ def save_model(estimator, path):
         If the estimator is not fitted.
     ValueError
         If the estimator uses a custom network, a parameter or the labels
-        cannot be stored as JSON, or ``path`` is not a regular file.
+        cannot be stored as JSON, a parameter is outside the values that
+        :func:`load_model` accepts, or ``path`` is not a regular file.
     """
     path = _as_path(path)
     state = get_fitted_state(estimator)
@@ -352,6 +353,14 @@ def _encode_params(params):
                 "parameters as JSON, which holds only None, booleans, numbers, "
                 f"strings, and lists and string-keyed dicts of them.{hint}"
             ) from None
+        # load refuses values outside these domains: a file with one could
+        # never be loaded, so it is not written.
+        if not SAFE_PARAMS[name](encoded[name]):
+            raise ValueError(
+                f"Cannot save parameter {name}={value!r}: it is outside the "
+                "values a model file may hold (load would refuse the file). "
+                "Pickle the estimator instead (trusted files only)."
+            )
     return encoded
 
 

@@ -228,6 +228,18 @@ def test_parameter_without_json_form_cannot_be_saved(fitted_mlp, tmp_path):
         save_model(clf, tmp_path / "m.skassoc")
 
 
+@pytest.mark.parametrize(
+    "name, value",
+    [("learning_rate", 20.0), ("tol", 1e9), ("augmentation", {"feature_noise": 101})],
+)
+def test_values_load_would_refuse_are_not_saved(fitted_mlp, tmp_path, name, value):
+    clf = copy.deepcopy(fitted_mlp).set_params(**{name: value})
+    path = tmp_path / "m.skassoc"
+    with pytest.raises(ValueError, match=f"Cannot save parameter {name}=.*outside"):
+        save_model(clf, path)
+    assert not path.exists()
+
+
 def test_architecture_comes_from_the_fitted_network(fitted_mlp, digits, tmp_path):
     # set_params after fit must not change the network that gets rebuilt.
     clf = copy.deepcopy(fitted_mlp).set_params(hidden_layer_sizes=(64, 64))
