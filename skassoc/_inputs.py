@@ -150,8 +150,11 @@ def validate_memory_map(estimator, X, y):
 def _check_finite_in_chunks(X):
     limit = np.finfo(np.float32).max
     rows_per_chunk = max(1, 2**22 // max(1, X.itemsize * math.prod(X.shape[1:])))
+    ranges = FeatureRanges()
     for start in range(0, len(X), rows_per_chunk):
         chunk = np.asarray(X[start : start + rows_per_chunk])
+        if X.itemsize > 4:
+            ranges.update(chunk, chunk.astype(np.float32))
         if not np.isfinite(chunk).all():
             raise ValueError(
                 "Input X contains NaN or infinity (memory-mapped X, rows "
@@ -161,6 +164,46 @@ def _check_finite_in_chunks(X):
             raise ValueError(
                 "X holds values too large for float32 (beyond +-3.4e38), the "
                 "precision the network computes in; rescale X."
+            )
+    ranges.warn_if_float32_hides_variation()
+
+
+class FeatureRanges:
+    """Each feature's range in the data and once rounded to float32.
+
+    Features far from 0 against their spread (timestamps, identifiers) can
+    vary in float64 and be constant in float32, the precision the networks
+    compute in; training would then see nothing of them, silently.
+    """
+
+    def __init__(self):
+        self.ranges = None
+
+    def update(self, rows, narrow):
+        """Take in float ``rows`` of shape (n, ...) (a chunk of the data) and
+        ``narrow``, the same rows in float32."""
+        rows, narrow = rows.reshape(len(rows), -1), narrow.reshape(len(rows), -1)
+        found = [rows.min(0), rows.max(0), narrow.min(0), narrow.max(0)]
+        if self.ranges is None:
+            self.ranges = found
+        else:
+            merge = (np.minimum, np.maximum) * 2
+            self.ranges = [f(a, b) for f, a, b in zip(merge, self.ranges, found)]
+
+    def warn_if_float32_hides_variation(self):
+        if self.ranges is None:
+            return
+        low, high, low32, high32 = self.ranges
+        hidden = np.flatnonzero((low < high) & (low32 == high32))
+        if hidden.size:
+            warnings.warn(
+                f"{hidden.size} feature(s) of X (e.g. index {hidden[0]}) vary, "
+                "but not once rounded to float32, the precision the network "
+                "computes in: their values are large against their spread. "
+                "Subtract a typical value from them (or standardise X, e.g. "
+                "with a StandardScaler in a Pipeline).",
+                UserWarning,
+                stacklevel=user_stacklevel(),
             )
 
 
@@ -515,6 +558,10 @@ def validate_training_inputs(estimator, X, y, sample_weight=None):
         data = X if image_shape is None else X.reshape(len(X), *image_shape)
     else:
         data = to_model_layout(rows, image_shape)
+        if rows.dtype.kind == "f" and rows.dtype.itemsize > 4:
+            ranges = FeatureRanges()
+            ranges.update(rows, data)
+            ranges.warn_if_float32_hides_variation()
     if sample_weight is not None:
         sample_weight = _check_sample_weight(
             sample_weight, data, dtype=np.float64, ensure_non_negative=True

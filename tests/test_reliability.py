@@ -418,6 +418,24 @@ def test_predict_before_fit(fast_params, blobs):
         make_clf(fast_params).predict(X)
 
 
+def test_features_constant_in_float32_warn(fast_params, blobs, tmp_path):
+    # An offset of 1e8 leaves float32 steps of 8: a spread of 0.1 vanishes.
+    X, y = blobs
+    X = np.array(X, dtype=np.float64)
+    X[:, 2] = 1e8 + 0.1 * np.random.default_rng(0).normal(size=len(X))
+    mapped = np.lib.format.open_memmap(
+        tmp_path / "x.npy", mode="w+", dtype=X.dtype, shape=X.shape
+    )
+    mapped[:] = X
+    for data in (X, mapped):
+        with pytest.warns(UserWarning, match=r"1 feature\(s\) of X \(e.g. index 2\)"):
+            make_clf(fast_params, max_iter=2).fit(data, y)
+    X[:, 2] -= 1e8
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*rounded to float32")
+        make_clf(fast_params, max_iter=2).fit(X, y)
+
+
 def test_small_class_warns_once(fast_params, blobs):
     X, y = blobs
     y = np.where(np.arange(len(y)) < 140, y, -1)
