@@ -105,8 +105,9 @@ def validate_memory_map(estimator, X, y):
     not contiguous, such as :func:`~skassoc.datasets.load_stl10`'s) and
     converts float64 to float32 (another copy). Here the dtype and the
     number of features are checked on the first sample, and float inputs are
-    scanned for NaN, infinity and values beyond float32 a few MiB at a time,
-    so ``X`` stays on disk; integer inputs are not read at all.
+    scanned for NaN, infinity and values beyond float32 (and float64 ones for
+    features that float32 would make constant, a warning) a few MiB at a
+    time, so ``X`` stays on disk; integer inputs are not read at all.
 
     Returns
     -------
@@ -191,6 +192,7 @@ class FeatureRanges:
             self.ranges = [f(a, b) for f, a, b in zip(merge, self.ranges, found)]
 
     def warn_if_float32_hides_variation(self):
+        """Warn if a feature varies in the data but not in float32."""
         if self.ranges is None:
             return
         low, high, low32, high32 = self.ranges
