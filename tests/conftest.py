@@ -30,6 +30,23 @@ FAST_PARAMS = types.MappingProxyType(
 )
 
 
+def _write_memmap(path, array):
+    mapped = np.lib.format.open_memmap(
+        path, mode="w+", dtype=array.dtype, shape=array.shape
+    )
+    mapped[:] = array
+    mapped.flush()
+    del mapped
+    return np.load(path, mmap_mode="r")
+
+
+@pytest.fixture(scope="session")
+def write_memmap():
+    """``write_memmap(path, array)``: ``array`` written to the ``.npy`` file
+    ``path``, opened again as a read-only memory map."""
+    return _write_memmap
+
+
 @pytest.fixture(scope="session")
 def fast_params():
     """Read-only keyword arguments of a fast estimator; merge with ``{**...}``."""

@@ -31,17 +31,9 @@ SMALL_IMAGE_FIT = {
 }
 
 
-def write_memmap(path, array):
-    mapped = np.lib.format.open_memmap(
-        path, mode="w+", dtype=array.dtype, shape=array.shape
-    )
-    mapped[:] = array
-    mapped.flush()
-    del mapped
-    return np.load(path, mmap_mode="r")
-
-
-def test_memory_mapped_inputs_train_like_in_memory_ones(digits_images, tmp_path):
+def test_memory_mapped_inputs_train_like_in_memory_ones(
+    digits_images, tmp_path, write_memmap
+):
     X, y = digits_images
     y_semi = np.where(np.arange(len(y)) % 4 == 0, y, -1)
     mapped = write_memmap(tmp_path / "X.npy", X)
@@ -77,7 +69,7 @@ class _RecordingHostBatches(skassoc._batches.HostBatches):
     ["channels_swapped_uint8", "float64_rows", "float32_grey_images"],
 )
 def test_memory_maps_are_used_where_they_are(
-    digits_images, tmp_path, monkeypatch, layout
+    digits_images, tmp_path, monkeypatch, layout, write_memmap
 ):
     # No copy, not even of views that are not contiguous (load_stl10 returns
     # one) or of float64 files, which are converted batch by batch.
@@ -118,7 +110,7 @@ def test_memory_maps_are_used_where_they_are(
     ],
 )
 def test_bad_values_in_a_memory_map_are_refused(
-    tmp_path, fast_params, dtype, value, match
+    tmp_path, fast_params, dtype, value, match, write_memmap
 ):
     X = np.random.RandomState(0).rand(60, 4).astype(dtype)
     X[41, 2] = value
@@ -129,7 +121,7 @@ def test_bad_values_in_a_memory_map_are_refused(
     assert not hasattr(clf, "n_features_in_")
 
 
-def test_memory_map_with_bad_labels_or_layout(tmp_path, fast_params):
+def test_memory_map_with_bad_labels_or_layout(tmp_path, fast_params, write_memmap):
     mapped = write_memmap(tmp_path / "X.npy", np.zeros((30, 4), np.float32))
     with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         make_clf(fast_params).fit(mapped, np.arange(29) % 3)
@@ -243,7 +235,7 @@ def test_networks_with_batch_norm_are_never_chunked(
 
 @pytest.mark.parametrize("storage", ["array", "memory_map"])
 def test_fit_deals_unlabeled_samples_in_passes(
-    digits_images, tmp_path, monkeypatch, storage
+    digits_images, tmp_path, monkeypatch, storage, write_memmap
 ):
     X, y = digits_images
     X, y = X[:120], y[:120]

@@ -84,7 +84,7 @@ def test_auto_noise_ignores_constant_features_and_rounding_copies():
     assert auto_feature_noise(jittered, seed=0) == pytest.approx(noise, rel=0.05)
 
 
-def test_constants_that_round_in_float64_stay_constant(tmp_path):
+def test_constants_that_round_in_float64_stay_constant(tmp_path, write_memmap):
     # The float64 mean of 0.1s is not exactly 0.1, so their deviation is
     # tiny but not 0: they still neither count nor get scaled.
     rng = np.random.default_rng(0)
@@ -92,12 +92,8 @@ def test_constants_that_round_in_float64_stay_constant(tmp_path):
     assert X[:, 5].std() > 0
     noise = auto_feature_noise(X[:, :5], seed=0)
     assert auto_feature_noise(X, seed=0) == pytest.approx(noise)
-    mapped = np.lib.format.open_memmap(
-        tmp_path / "x.npy", mode="w+", dtype=X.dtype, shape=X.shape
-    )
-    mapped[:] = X
     network = MLPNet(10)
-    network.fit_normalization(mapped)
+    network.fit_normalization(write_memmap(tmp_path / "x.npy", X))
     assert (network.scale[5:] == 1).all() and (network.scale[:5] != 1).all()
 
 
@@ -148,12 +144,9 @@ def test_auto_noise_of_wide_rows_is_that_of_narrow_ones():
     assert auto_feature_noise(wide, seed=0) == pytest.approx(expected, rel=1e-5)
 
 
-def test_auto_noise_reads_a_memmap_as_an_array(tmp_path):
+def test_auto_noise_reads_a_memmap_as_an_array(tmp_path, write_memmap):
     X = np.random.default_rng(0).normal(size=(300, 5))
-    mapped = np.lib.format.open_memmap(
-        tmp_path / "x.npy", mode="w+", dtype=X.dtype, shape=X.shape
-    )
-    mapped[:] = X
+    mapped = write_memmap(tmp_path / "x.npy", X)
     assert auto_feature_noise(mapped, seed=3) == auto_feature_noise(X, seed=3)
 
 

@@ -418,16 +418,12 @@ def test_predict_before_fit(fast_params, blobs):
         make_clf(fast_params).predict(X)
 
 
-def test_features_constant_in_float32_warn(fast_params, blobs, tmp_path):
+def test_features_constant_in_float32_warn(fast_params, blobs, tmp_path, write_memmap):
     # An offset of 1e8 leaves float32 steps of 8: a spread of 0.1 vanishes.
     X, y = blobs
     X = np.array(X, dtype=np.float64)
     X[:, 2] = 1e8 + 0.1 * np.random.default_rng(0).normal(size=len(X))
-    mapped = np.lib.format.open_memmap(
-        tmp_path / "x.npy", mode="w+", dtype=X.dtype, shape=X.shape
-    )
-    mapped[:] = X
-    for data in (X, mapped):
+    for data in (X, write_memmap(tmp_path / "x.npy", X)):
         with pytest.warns(UserWarning, match=r"1 feature\(s\) of X \(e.g. index 2\)"):
             make_clf(fast_params, max_iter=2).fit(data, y)
     X[:, 2] -= 1e8
