@@ -44,6 +44,13 @@ from ._inputs import (
 )
 from ._model import build_model, check_custom_module, placed, probe_embedder
 from ._persistence import load_model, save_model
+from ._prior import (
+    apply_class_prior,
+    check_class_prior,
+    estimate_class_prior,
+    prior_samples,
+    uniform_prior,
+)
 from ._sampling import UNLABELED_SAMPLINGS
 from ._settings import (
     available_memory_bytes,
@@ -336,11 +343,31 @@ class SemiSupervisedAssociationClassifier(
         share). The walker and visit losses are unweighted. Factors
         (times ``sample_weight``) are rescaled to average 1 over the
         labeled samples, so only their ratios matter.
+    class_prior : {"auto", "uniform"} or array-like of shape (n_classes,), \
+            default="auto"
+        The class frequencies that :meth:`predict_proba` and :meth:`predict`
+        assume. Every labeled batch holds as many samples of each class, so
+        the network's own probabilities assume equal frequencies
+        (``"uniform"``, as in the paper). ``"auto"`` estimates the
+        frequencies of the classes among the unlabeled training samples (all
+        training samples when none is unlabeled; at most 10,000 of them,
+        drawn with ``random_state``) as the mean of the trained network's
+        probabilities there, and weighs each class's probability by its
+        frequency (Bayes' rule; see the user guide's "Imbalanced classes"): on
+        imbalanced data a class rare among the unlabeled samples is predicted
+        less often, on balanced data little changes. An array gives the
+        frequencies, one per class of :attr:`classes_` (positive; rescaled to
+        sum 1). ``class_weight`` tilts the classification loss on top of
+        this. The validation scores measured during training (see
+        ``early_stopping``) use the network's own probabilities.
 
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
         The labels of the labeled samples, sorted.
+    class_prior_ : ndarray of shape (n_classes,)
+        The class frequencies that predictions assume (see ``class_prior``);
+        equal ones for ``"uniform"``.
     model_ : AssociationModel
         The trained network (embedding network and logit layer).
     n_features_in_ : int
@@ -363,7 +390,8 @@ class SemiSupervisedAssociationClassifier(
         (``history_["validation_score"]``); None when it measured none.
     best_validation_score_ : float or None
         The best of ``validation_scores_``: with ``early_stopping``, the
-        score of the fitted weights; None without validation.
+        validation accuracy of the fitted weights (of the network's own
+        probabilities, see ``class_prior``); None without validation.
     history_ : dict of lists
         Loss curves: ``"step"``, ``"learning_rate"``, ``"total"``, ``"walker"``,
         ``"visit"`` and ``"logit"`` (and ``"consistency"`` and ``"balance"``
@@ -469,6 +497,7 @@ class SemiSupervisedAssociationClassifier(
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
         "class_weight": [None, StrOptions({"balanced"}), dict],
+        "class_prior": [StrOptions({"auto", "uniform"}), "array-like"],
     }
 
     # The HTML repr links to skassoc's API pages, not scikit-learn's.
@@ -521,6 +550,7 @@ class SemiSupervisedAssociationClassifier(
         n_iter_no_change=10,
         tol=1e-4,
         class_weight=None,
+        class_prior="auto",
     ):
         self.network = network
         self.input_shape = input_shape
@@ -562,6 +592,7 @@ class SemiSupervisedAssociationClassifier(
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
         self.class_weight = class_weight
+        self.class_prior = class_prior
 
     # ------------------------------------------------------------------ fit
 
@@ -611,6 +642,8 @@ class SemiSupervisedAssociationClassifier(
             The fitted estimator.
         """
         inputs = validate_training_inputs(self, X, y, sample_weight)
+        # An array's length can be checked only now; before training.
+        class_prior = check_class_prior(self.class_prior, len(inputs.classes))
         validation = self._validation_set(X_val, y_val, inputs)
         seed = fit_seed(self.random_state)
         if self.early_stopping and validation is None:
@@ -630,11 +663,13 @@ class SemiSupervisedAssociationClassifier(
             evaluate = self._scorer_during_fit(model, validation, inputs, settings)
             with precision_context(device, settings.training.precision):
                 result = train(model, batches, settings.training, device, evaluate)
+            class_prior = self._fitted_class_prior(class_prior, model, inputs, settings)
         set_fitted_state(
             self,
             FittedState(
                 model=model,
                 classes=inputs.classes,
+                class_prior=class_prior,
                 input_shape=inputs.image_shape,
                 network=settings.spec.network,
                 n_features_in=inputs.n_features,
@@ -685,6 +720,23 @@ class SemiSupervisedAssociationClassifier(
             _, activation_bytes = probe_embedder(model.embedder, sample)
         _check_step_memory(settings, model, activation_bytes)
         return model
+
+    def _fitted_class_prior(self, class_prior, model, inputs, settings):
+        """``class_prior_`` for the trained ``model``, from the checked parameter."""
+        if not isinstance(class_prior, str):
+            return class_prior
+        if class_prior == "uniform":
+            return uniform_prior(len(inputs.classes))
+        device = settings.device
+        indices = prior_samples(inputs.encoded, settings.seed)
+        precision = resolve_precision(self.precision, device, images=inputs.images)
+        batch_size = self._predict_batch_size(device)
+        # Gathered a batch at a time: a memory map is never read whole.
+        proba = [
+            run_model(model, inputs.data[batch], device, precision, "proba", batch_size)
+            for batch in np.split(indices, range(batch_size, len(indices), batch_size))
+        ]
+        return estimate_class_prior(np.concatenate(proba))
 
     @staticmethod
     def _formatted_sample(inputs, spec, device):
@@ -804,10 +856,10 @@ class SemiSupervisedAssociationClassifier(
                 "weights or the inputs hold NaN or values too large for "
                 "float32. Check X (and rescale it), or refit the model."
             )
-        return state, proba.astype(np.float64)
+        return state, apply_class_prior(proba.astype(np.float64), state.class_prior)
 
     def predict_proba(self, X):
-        """Class probabilities of the logit layer.
+        """Class probabilities: the logit layer's, weighed by ``class_prior_``.
 
         Parameters
         ----------
@@ -1002,6 +1054,11 @@ class SemiSupervisedAssociationClassifier(
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        # Pickled before class_prior existed: it predicted with equal
+        # frequencies.
+        self.__dict__.setdefault("class_prior", "uniform")
+        if "model_" in state and "class_prior_" not in state:
+            self.class_prior_ = uniform_prior(len(self.classes_))
         if "model_" in state:
             device = self.device_
             if device.type == "cuda" and not torch.cuda.is_available():

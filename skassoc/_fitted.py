@@ -30,6 +30,9 @@ class FittedState:
         The trained network (``model_``).
     classes : ndarray
         Sorted labels of the labeled samples (``classes_``).
+    class_prior : ndarray
+        The class frequencies that predictions assume (``class_prior_``),
+        in the order of ``classes``.
     input_shape : tuple of int or None
         ``(channels, height, width)`` of one image, None for feature rows.
     network : str
@@ -49,6 +52,7 @@ class FittedState:
 
     model: torch.nn.Module
     classes: np.ndarray
+    class_prior: np.ndarray
     input_shape: tuple | None
     network: str
     n_features_in: int

@@ -6,7 +6,8 @@ members and no others:
 ``metadata.json``
     The format name and version, the skassoc and torch versions that wrote
     it, the estimator's hyperparameters, the network's description, the
-    classes, the training history and the SHA-256 of ``weights.pt``.
+    classes and the class frequencies that predictions assume, the training
+    history and the SHA-256 of ``weights.pt``.
 ``weights.pt``
     The network's ``state_dict`` on the CPU, written by :func:`torch.save`
     and stored uncompressed.
@@ -52,6 +53,7 @@ from ._device import resolve_device
 from ._fitted import FittedState, get_fitted_state
 from ._model import ModelSpec, build_model, placed, spec_of_model
 from ._networks import NETWORKS
+from ._prior import check_class_prior, uniform_prior
 from ._sampling import UNLABELED_SAMPLINGS
 from ._training import LR_SCHEDULES
 from ._utils import is_integer, user_stacklevel
@@ -66,7 +68,9 @@ __all__ = ["save_model", "load_model", "FORMAT_NAME", "FORMAT_VERSION"]
 
 FORMAT_NAME = "skassoc-model"
 #: Bump on any change that an older skassoc could not read correctly.
-FORMAT_VERSION = 1
+#: Version 2 added the class frequencies (``class_prior``); a version-1 file
+#: predicts with equal ones, as the skassoc that wrote it did.
+FORMAT_VERSION = 2
 METADATA_MEMBER = "metadata.json"
 WEIGHTS_MEMBER = "weights.pt"
 TEMPORARY_SUFFIX = ".skassoc-tmp"
@@ -194,6 +198,18 @@ def _class_weight(value):
     )
 
 
+def _class_prior(value):
+    """ "auto", "uniform", or one positive, finite frequency per class."""
+    if value in ("auto", "uniform"):
+        return True
+    positive = _float_in(0, math.inf, low_open=True)
+    return (
+        isinstance(value, list)
+        and 2 <= len(value) <= MAX_WIDTH
+        and all(positive(item) for item in value)
+    )
+
+
 #: The hyperparameters a file may set, each with the values it may take.
 SAFE_PARAMS = {
     "network": _one_of("auto", *NETWORKS),
@@ -234,6 +250,7 @@ SAFE_PARAMS = {
     "n_iter_no_change": _int_in(1, MAX_STEPS),
     "tol": _float_in(0, MAX_WEIGHT),
     "class_weight": _class_weight,
+    "class_prior": _class_prior,
 }
 # Parameters stored as JSON lists that the estimator takes as tuples.
 _TUPLE_PARAMS = ("input_shape", "image_size", "hidden_layer_sizes")
@@ -287,6 +304,7 @@ def save_model(estimator, path):
         "params": _encode_params(params),
         "network": _encode_spec(spec),
         "classes": _encode_classes(state.classes),
+        "class_prior": _encode_class_prior(state.class_prior, len(state.classes)),
         "feature_names_in": (
             None
             if state.feature_names_in is None
@@ -301,6 +319,17 @@ def save_model(estimator, path):
     # allow_nan: a loss history may hold NaN; Python's json reads it back.
     text = json.dumps(metadata, indent=2, allow_nan=True)
     _write_atomically(path, text.encode("utf-8"), weights)
+
+
+def _encode_class_prior(class_prior, n_classes):
+    """The fitted frequencies as a list; ValueError if load would refuse them."""
+    encoded = [float(value) for value in np.ravel(class_prior)]
+    if len(encoded) != n_classes or not _class_prior(encoded):
+        raise ValueError(
+            f"Cannot save class_prior_={encoded[:10]}: a model file holds one "
+            f"positive, finite frequency for each of the {n_classes} classes."
+        )
+    return encoded
 
 
 def _skassoc_version():
@@ -339,6 +368,8 @@ def _encode_params(params):
         if name == "class_weight" and isinstance(value, dict):
             # JSON keys are strings; the labels keep their type as pairs.
             value = [[key, weight] for key, weight in value.items()]
+        if name == "class_prior" and not isinstance(value, (str, list)):
+            value = np.asarray(value).tolist()  # an array or a pandas Series
         try:
             encoded[name] = _to_json(value)
         except TypeError:
@@ -511,6 +542,9 @@ def load_model(path, *, device="auto"):
         metadata, weights = _read_archive(name)
         _check_format(metadata, name)
         params = _decode_params(_field(metadata, "params", dict))
+        if metadata["format_version"] == 1:
+            # Written before class_prior existed: it predicted with equal ones.
+            params.setdefault("class_prior", "uniform")
         params["device"] = device
         state = _decode_state(metadata, weights, resolved)
     except InvalidModelFile as exc:
@@ -686,6 +720,7 @@ def _decode_state(metadata, weights, device):
     return FittedState(
         model=placed(model, device, spec),
         classes=classes,
+        class_prior=_decode_class_prior(metadata, len(classes)),
         input_shape=spec.input_shape,
         network=spec.network,
         n_features_in=spec.n_features,
@@ -860,6 +895,19 @@ def _decode_classes(entry):
     if classes.tolist() != values or len(np.unique(classes)) != len(classes):
         raise InvalidModelFile(f"classes do not fit their dtype {dtype}.")
     return classes
+
+
+def _decode_class_prior(metadata, n_classes):
+    """The fitted class frequencies; equal ones in a version-1 file."""
+    if metadata["format_version"] == 1:
+        return uniform_prior(n_classes)
+    prior = _field(metadata, "class_prior", list)
+    if not _class_prior(prior):
+        raise InvalidModelFile("class_prior is malformed.")
+    try:
+        return check_class_prior(prior, n_classes)
+    except ValueError as exc:
+        raise InvalidModelFile(str(exc)) from None
 
 
 def _decode_history(history):

@@ -10,7 +10,8 @@ __all__ = ["RECIPES", "recipe_params"]
 
 # The paper's MNIST recipe exactly (paper and authors' code): 20,000 steps of
 # 10 labeled samples per class and 100 unlabeled ones, Adam at 1e-3 decayed by 0.33
-# every 5,000 steps, all loss weights 1, no augmentation.
+# every 5,000 steps, all loss weights 1, no augmentation, predictions with the
+# network's own probabilities.
 _PAPER = {
     "network": "mnist",
     "labeled_per_class": 10,
@@ -23,6 +24,8 @@ _PAPER = {
     "visit_weight": 1.0,
     "logit_weight": 1.0,
     "l2_scale": 1e-3,
+    # The paper predicts with the network's own probabilities.
+    "class_prior": "uniform",
 }
 
 # Recipe "improved" (see RECIPES), which recipe "consistency" extends.
@@ -88,6 +91,7 @@ RECIPES = {
         "visit_weight": 0.2,
         "logit_weight": 1.0,
         "association_delay": 500,
+        "class_prior": "uniform",
     },
 }
 

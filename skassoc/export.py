@@ -16,22 +16,30 @@ import torch
 from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
+from ._fitted import get_fitted_state
 from ._image_format import format_settings
 
 __all__ = ["export_onnx"]
 
 
 class _Probabilities(nn.Module):
-    """The fitted model with its softmax: raw inputs -> class probabilities."""
+    """The fitted model, its softmax and the class frequencies: raw inputs ->
+    class probabilities."""
 
-    def __init__(self, model):
+    def __init__(self, model, class_prior):
         super().__init__()
         self.model = model
+        # The logarithm in float64: a tiny frequency stays finite.
+        log_prior = torch.log(torch.as_tensor(class_prior, dtype=torch.float64))
+        self.register_buffer("log_prior", log_prior.float())
 
     def forward(self, x):
         # As predict_proba computes them (_classifier.run_model): the input
-        # format and the embedder, the logit layer, a softmax over classes.
-        return torch.softmax(self.model.logits(self.model.embed(x)), dim=1)
+        # format and the embedder, the logit layer, a softmax over classes
+        # weighed by the class frequencies (a softmax of logits plus their
+        # logarithms).
+        logits = self.model.logits(self.model.embed(x))
+        return torch.softmax(logits + self.log_prior, dim=1)
 
 
 def _uses_dynamo_exporter():
@@ -197,8 +205,10 @@ def export_onnx(
     dynamo = _uses_dynamo_exporter()
     _check_packages(dynamo)
     _check_exportable(estimator, dynamo)
-    model = copy.deepcopy(estimator.model_).to("cpu", torch.float32)
-    model = _Probabilities(model.to(memory_format=torch.contiguous_format)).eval()
+    state = get_fitted_state(estimator)
+    model = copy.deepcopy(state.model).to("cpu", torch.float32)
+    model = model.to(memory_format=torch.contiguous_format)
+    model = _Probabilities(model, state.class_prior).eval()
     kwargs = _export_arguments(dynamo, input_name, output_name, opset_version)
     try:
         with warnings.catch_warnings():
@@ -215,5 +225,5 @@ def export_onnx(
             "ONNX export traces forward once: it must not branch on the "
             "values of its input or leave PyTorch (NumPy, .item(), .tolist())."
         ) from error
-    _add_classes(path, estimator.classes_)
+    _add_classes(path, state.classes)
     return path

@@ -372,7 +372,10 @@ def test_validation_scores_the_model_of_each_step(
 ):
     X, y_semi = blobs_semi
     X_val, y_val = blobs[0][::2], blobs[1][::2]
+    # Validation scores the network's own probabilities: compare them with
+    # the scores of those.
     params = dict(max_iter=25, validation_interval=10, ema_decay=ema_decay)
+    params.update(class_prior="uniform")
     clf = make_clf(fast_params, **params).fit(X, y_semi, X_val=X_val, y_val=y_val)
     history = clf.history_
     assert history["validation_step"] == [10, 20, 25]
@@ -401,6 +404,7 @@ def test_validation_of_string_labels_and_images(fast_params, digits_images):
         max_iter=4,
         validation_interval=2,
         labeled_per_class=2,
+        class_prior="uniform",  # as validation scores (see above)
     )
     clf.fit(X, y_semi, X_val=X[:50], y_val=labels[:50])
     assert clf.history_["validation_step"] == [2, 4]

@@ -121,6 +121,8 @@ def test_early_stopping_stops_and_keeps_the_best_weights(fast_params, blobs_semi
         validation_fraction=0.3,
         validation_interval=5,
         n_iter_no_change=3,
+        # Validation scores the network's own probabilities; so do these.
+        class_prior="uniform",
     )
     clf = make_clf(fast_params, **params).fit(X, y)
     history = clf.history_
@@ -181,6 +183,7 @@ def test_early_stopping_keeps_the_best_averaged_weights(fast_params, blobs_semi)
         validation_fraction=0.3,
         validation_interval=10,
         ema_decay=0.9,
+        class_prior="uniform",
     ).fit(X, y)
     held_out = _held_out(clf, X, y)
     assert clf.score(X[held_out], y[held_out]) == clf.best_validation_score_
@@ -190,7 +193,11 @@ def test_early_stopping_validates_on_x_val_when_given(fast_params, blobs, blobs_
     X, y_semi = blobs_semi
     X_val, y_val = blobs[0][::3], blobs[1][::3]
     clf = make_clf(
-        fast_params, max_iter=40, early_stopping=True, validation_interval=10
+        fast_params,
+        max_iter=40,
+        early_stopping=True,
+        validation_interval=10,
+        class_prior="uniform",
     ).fit(X, y_semi, X_val=X_val, y_val=y_val)
     assert clf.score(X_val, y_val) == clf.best_validation_score_
     assert clf.history_["validation_step"][-1] == clf.n_iter_
