@@ -356,10 +356,12 @@ class SemiSupervisedAssociationClassifier(
         frequency (Bayes' rule; see the user guide's "Imbalanced classes"): on
         imbalanced data a class rare among the unlabeled samples is predicted
         less often, on balanced data little changes. An array gives the
-        frequencies, one per class of :attr:`classes_` (positive; rescaled to
-        sum 1). ``class_weight`` tilts the classification loss on top of
-        this. The validation scores measured during training (see
-        ``early_stopping``) use the network's own probabilities.
+        frequencies, one per class in the order of :attr:`classes_` (the
+        sorted labels; positive; rescaled to sum 1). ``class_weight`` tilts
+        the classification loss on top of this. Like every parameter, a
+        new value takes effect at the next ``fit``. The validation scores
+        measured during training (see ``early_stopping``) use the network's
+        own probabilities.
 
     Attributes
     ----------

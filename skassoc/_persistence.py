@@ -128,12 +128,16 @@ def _float_in(low, high, *also, low_open=False):
     def check(value):
         if _one_of(*also)(value):
             return True
-        number = isinstance(value, Real) and not isinstance(value, bool)
+        if not isinstance(value, Real) or isinstance(value, bool):
+            return False
+        try:
+            number = float(value)
+        except OverflowError:  # a JSON integer beyond float64
+            return False
         return (
-            number
-            and math.isfinite(value)
-            and (low < value if low_open else low <= value)
-            and value <= high
+            math.isfinite(number)
+            and (low < number if low_open else low <= number)
+            and number <= high
         )
 
     return check

@@ -9,6 +9,8 @@ probability by its estimated frequency (Bayes' rule for a change of class
 frequencies; Saerens, Latinne and Decaestecker, 2002).
 """
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ._inputs import HELD_OUT, UNLABELED
@@ -51,25 +53,39 @@ def check_class_prior(class_prior, n_classes):
     """
     if isinstance(class_prior, str):
         return class_prior
-    try:
-        # A copy: the fitted frequencies never change with the caller's array.
-        prior = np.array(class_prior, dtype=np.float64)
-    except (TypeError, ValueError):
-        prior = None
-    if prior is None or prior.ndim != 1 or len(prior) != n_classes:
+    if isinstance(class_prior, Mapping) or hasattr(class_prior, "keys"):
+        # A dict or a pandas Series names its classes; matching them by
+        # position instead (value_counts sorts by count) would be wrong.
         raise ValueError(
-            f"class_prior must be 'auto', 'uniform' or one frequency per class "
+            "class_prior takes one frequency per class in the order of the "
+            "sorted labels (classes_), not a dict or a pandas Series; pass "
+            "e.g. series.sort_index().to_numpy() or [freq[c] for c in "
+            "sorted(freq)]."
+        )
+    if np.ma.isMaskedArray(class_prior):
+        raise ValueError("class_prior must not be a masked array.")
+    values = np.asarray(class_prior)
+    if values.ndim != 1 or len(values) != n_classes or values.dtype.kind not in "iuf":
+        raise ValueError(
+            f"class_prior must be 'auto', 'uniform' or one number per class "
             f"({n_classes} classes, in the order of classes_); got {class_prior!r}."
         )
-    if not (np.isfinite(prior.sum()) and (prior > 0).all()):
+    # A copy: the fitted frequencies never change with the caller's array.
+    prior = np.array(values, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        normalised = abs(prior.sum() - 1) <= 1e-12
+    # Frequencies that sum to 1 stay bit for bit (a saved model's); others
+    # are scaled by the largest first, so that their sum cannot overflow.
+    if not normalised and np.isfinite(prior).all() and (prior > 0).all():
+        prior /= prior.max()
+        prior /= prior.sum()
+    if not (np.isfinite(prior).all() and (prior > 0).all()):
         raise ValueError(
-            "class_prior must hold positive, finite frequencies (every class "
-            f"can occur); got {prior.tolist()}. Give a rare class a small "
-            "positive frequency instead of 0."
+            "class_prior must hold positive, finite frequencies, none so much "
+            f"smaller than the largest that it rounds to 0; got {values.tolist()}. "
+            "Give a rare class a small positive frequency instead of 0."
         )
-    total = prior.sum()
-    # Frequencies that sum to 1 already stay bit for bit (a saved model's).
-    return prior if abs(total - 1) <= 1e-12 else prior / total
+    return prior
 
 
 def prior_samples(encoded, seed):
@@ -106,9 +122,12 @@ def estimate_class_prior(proba):
     Returns
     -------
     prior : ndarray of shape (n_classes,)
-        Frequencies summing to 1.
+        Frequencies summing to 1, each at least about ``1 / n_samples``.
     """
-    prior = np.asarray(proba, dtype=np.float64).mean(axis=0)
+    proba = np.asarray(proba, dtype=np.float64)
+    # n samples cannot tell a frequency below 1 / n from 0, and a 0 would
+    # rule the class out of every prediction.
+    prior = np.maximum(proba.mean(axis=0), 1 / len(proba))
     return prior / prior.sum()
 
 

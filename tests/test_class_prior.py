@@ -142,11 +142,15 @@ def test_given_frequencies_are_used_as_given(imbalanced, fitted_pair):
 @pytest.mark.parametrize(
     "class_prior, match",
     [
-        ([0.2, 0.3, 0.5], "one frequency per class"),
-        ([[0.5, 0.5]], "one frequency per class"),
+        ([0.2, 0.3, 0.5], "one number per class"),
+        ([[0.5, 0.5]], "one number per class"),
+        (["0.9", "0.1"], "one number per class"),
+        ([True, True], "one number per class"),
+        ({0: 0.9, 1: 0.1}, "not a dict or a pandas Series"),
+        (np.ma.array([0.9, 0.1], mask=[0, 1]), "masked"),
         ([1.0, 0.0], "positive, finite"),
         ([1.0, np.nan], "positive, finite"),
-        ([1e308, 1e308], "positive, finite"),
+        ([1e300, 1e-300], "rounds to 0"),
     ],
 )
 def test_bad_frequencies_are_refused_before_training(
@@ -165,6 +169,30 @@ def test_bad_frequencies_are_refused_before_training(
         clf.set_params(class_prior=class_prior).fit(X, y)
     # The failed fit left the fitted estimator as it was.
     np.testing.assert_array_equal(clf.predict_proba(X), before)
+
+
+def test_a_series_is_refused_rather_than_matched_by_position(imbalanced):
+    pd = pytest.importorskip("pandas")
+    X, _, y_semi = imbalanced
+    counts = pd.Series([0] * 9 + [1]).value_counts(normalize=True)
+    with pytest.raises(ValueError, match="sort_index"):
+        _fit(X, y_semi, class_prior=counts, max_iter=1)
+
+
+def test_huge_frequencies_are_rescaled_without_overflow():
+    from skassoc._prior import check_class_prior
+
+    np.testing.assert_array_equal(check_class_prior([1e308, 1e308], 2), [0.5, 0.5])
+    np.testing.assert_array_equal(check_class_prior((3, 1), 2), [0.75, 0.25])
+
+
+def test_a_class_the_network_never_predicts_keeps_a_small_frequency():
+    proba = np.zeros((100, 3))
+    proba[:, 0], proba[:, 1] = 0.7, 0.3
+    prior = estimate_class_prior(proba)
+    assert prior.sum() == pytest.approx(1)
+    assert prior[2] == pytest.approx(0.01 / 1.01)
+    assert prior[0] / prior[1] == pytest.approx(0.7 / 0.3)
 
 
 def test_an_unknown_string_is_refused(imbalanced):
@@ -266,7 +294,8 @@ def test_a_version_1_file_predicts_with_equal_frequencies(
 
 
 @pytest.mark.parametrize(
-    "value", [[0.5], [0.5, -0.5], [0.5, "0.5"], [0.5, 1e308, 1e308], None, "auto"]
+    "value",
+    [[0.5], [0.5, -0.5], [0.5, "0.5"], [0.5, 1e308, 1e308], [10**400, 1], None, "auto"],
 )
 def test_a_file_with_bad_frequencies_is_refused(fitted_pair, tmp_path, value):
     _, auto = fitted_pair
