@@ -24,7 +24,6 @@ _PAPER = {
     "visit_weight": 1.0,
     "logit_weight": 1.0,
     "l2_scale": 1e-3,
-    # The paper predicts with the network's own probabilities.
     "class_prior": "uniform",
 }
 
