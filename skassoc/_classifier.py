@@ -48,6 +48,7 @@ from ._prior import (
     apply_class_prior,
     check_class_prior,
     estimate_class_prior,
+    label_frequencies,
     prior_samples,
     uniform_prior,
 )
@@ -349,13 +350,14 @@ class SemiSupervisedAssociationClassifier(
         assume. Every labeled batch holds as many samples of each class, so
         the network's own probabilities assume equal frequencies
         (``"uniform"``, as in the paper). ``"auto"`` estimates the
-        frequencies of the classes among the unlabeled training samples (all
-        training samples when none is unlabeled; at most 10,000 of them,
-        drawn with ``random_state``) as the mean of the trained network's
-        probabilities there, and weighs each class's probability by its
-        frequency (Bayes' rule; see the user guide's "Imbalanced classes"): on
-        imbalanced data a class rare among the unlabeled samples is predicted
-        less often, on balanced data little changes. An array gives the
+        frequencies of the classes among the unlabeled training samples (at
+        most 10,000 of them, drawn with ``random_state``) as the mean of the
+        trained network's probabilities there (when no sample is unlabeled,
+        it takes the frequencies of the labels), and weighs each class's
+        probability by its frequency (Bayes' rule; see the user guide's
+        "Imbalanced classes"): on imbalanced data a class rare among the
+        unlabeled samples is predicted less often, on balanced data little
+        changes. An array gives the
         frequencies, one per class in the order of :attr:`classes_` (the
         sorted labels; positive; rescaled to sum 1). ``class_weight`` tilts
         the classification loss on top of this. Like every parameter, a
@@ -729,8 +731,10 @@ class SemiSupervisedAssociationClassifier(
             return class_prior
         if class_prior == "uniform":
             return uniform_prior(len(inputs.classes))
-        device = settings.device
         indices = prior_samples(inputs.encoded, settings.seed)
+        if len(indices) == 0:
+            return label_frequencies(inputs.encoded, len(inputs.classes))
+        device = settings.device
         precision = resolve_precision(self.precision, device, images=inputs.images)
         batch_size = self._predict_batch_size(device)
         # Gathered a batch at a time: a memory map is never read whole.

@@ -13,13 +13,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._inputs import HELD_OUT, UNLABELED
+from ._inputs import UNLABELED
 
 __all__ = [
     "PRIOR_SAMPLES",
     "apply_class_prior",
     "check_class_prior",
     "estimate_class_prior",
+    "label_frequencies",
     "prior_samples",
     "uniform_prior",
 ]
@@ -89,19 +90,27 @@ def check_class_prior(class_prior, n_classes):
 
 
 def prior_samples(encoded, seed):
-    """Indices of the training samples that ``"auto"`` estimates the frequencies on.
+    """Indices of the unlabeled samples that ``"auto"`` estimates the frequencies on.
 
-    The unlabeled samples (every trained sample when none is unlabeled),
-    at most :data:`PRIOR_SAMPLES` of them drawn at random with ``seed``, in
-    increasing order (a memory map reads them front to back).
+    At most :data:`PRIOR_SAMPLES` of them, drawn at random with ``seed``, in
+    increasing order (a memory map reads them front to back); none when no
+    sample is unlabeled (see :func:`label_frequencies`).
     """
     indices = np.flatnonzero(encoded == UNLABELED)
-    if len(indices) == 0:
-        indices = np.flatnonzero(encoded != HELD_OUT)
     if len(indices) > PRIOR_SAMPLES:
         rng = np.random.default_rng(seed)
         indices = np.sort(rng.choice(indices, PRIOR_SAMPLES, replace=False))
     return indices
+
+
+def label_frequencies(encoded, n_classes):
+    """The class frequencies of the trained labels (held-out samples left out).
+
+    ``"auto"``'s frequencies when no sample is unlabeled: the labels give
+    them exactly.
+    """
+    labels = encoded[encoded >= 0]
+    return np.bincount(labels, minlength=n_classes) / len(labels)
 
 
 def estimate_class_prior(proba):

@@ -57,8 +57,7 @@ def test_frequencies_are_estimated_on_the_unlabeled_samples_at_most_a_cap(
 ):
     encoded = np.array([0, UNLABELED, 1, UNLABELED, HELD_OUT, UNLABELED, 0])
     np.testing.assert_array_equal(prior_samples(encoded, 0), [1, 3, 5])
-    # Without unlabeled samples: every trained one (held-out ones never).
-    np.testing.assert_array_equal(prior_samples(np.array([0, HELD_OUT, 1]), 0), [0, 2])
+    assert len(prior_samples(np.array([0, HELD_OUT, 1]), 0)) == 0
     monkeypatch.setattr(_prior, "PRIOR_SAMPLES", 2)
     drawn = prior_samples(encoded, 0)
     assert len(drawn) == 2 and set(drawn) <= {1, 3, 5}
@@ -128,6 +127,18 @@ def test_validation_scores_the_networks_own_probabilities(imbalanced):
     ]
     assert fits[0].validation_scores_ == fits[1].validation_scores_
     assert fits[0].validation_scores_[-1] == fits[0].score(X_val, y_val)
+
+
+def test_without_unlabeled_samples_the_labels_give_the_frequencies(imbalanced):
+    X, y, _ = imbalanced
+    keep = np.r_[0:90, 900:910]  # 90 samples of class 0, 10 of class 1
+    clf = _make(max_iter=5, unlabeled_pool="all").fit(X[keep], y[keep])
+    np.testing.assert_array_equal(clf.class_prior_, [0.9, 0.1])
+    # Samples held out for validation are left out.
+    held = _make(
+        max_iter=5, unlabeled_pool="all", early_stopping=True, validation_fraction=0.5
+    ).fit(X[keep], y[keep])
+    np.testing.assert_array_equal(held.class_prior_, [0.9, 0.1])
 
 
 def test_given_frequencies_are_used_as_given(imbalanced, fitted_pair):
