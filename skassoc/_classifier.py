@@ -737,11 +737,27 @@ class SemiSupervisedAssociationClassifier(
         device = settings.device
         precision = resolve_precision(self.precision, device, images=inputs.images)
         batch_size = self._predict_batch_size(device)
-        # Gathered a batch at a time: a memory map is never read whole.
-        proba = [
-            run_model(model, inputs.data[batch], device, precision, "proba", batch_size)
-            for batch in np.split(indices, range(batch_size, len(indices), batch_size))
-        ]
+        try:
+            # Gathered a batch at a time: a memory map is never read whole.
+            proba = [
+                run_model(
+                    model, inputs.data[batch], device, precision, "proba", batch_size
+                )
+                for batch in np.split(
+                    indices, range(batch_size, len(indices), batch_size)
+                )
+            ]
+        except KeyboardInterrupt:
+            # As an interrupted training does: keep the trained model.
+            warnings.warn(
+                "Interrupted while estimating the class frequencies "
+                "(class_prior='auto') after training; the model keeps its "
+                "weights and predicts with equal frequencies. Fit again, or "
+                "set class_prior.",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+            return uniform_prior(len(inputs.classes))
         return estimate_class_prior(np.concatenate(proba))
 
     @staticmethod

@@ -335,3 +335,20 @@ def test_a_pickle_from_before_class_prior_predicts_with_equal_frequencies(
     assert old.get_params()["class_prior"] == "uniform"
     np.testing.assert_array_equal(old.class_prior_, [0.5, 0.5])
     np.testing.assert_array_equal(old.predict_proba(X), uniform.predict_proba(X))
+
+
+def test_an_interrupted_estimate_keeps_the_trained_model(
+    imbalanced, fitted_pair, monkeypatch
+):
+    X, _, y_semi = imbalanced
+    uniform, _ = fitted_pair
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_classifier, "run_model", interrupted)
+        with pytest.warns(UserWarning, match="Interrupted while estimating"):
+            clf = _fit(X, y_semi)
+    np.testing.assert_array_equal(clf.class_prior_, [0.5, 0.5])
+    np.testing.assert_array_equal(clf.predict_proba(X), uniform.predict_proba(X))
