@@ -36,8 +36,8 @@ NOISE_PER_SPACING = 1.25
 MAX_FEATURE_NOISE = 1.5
 #: The spacing is measured on at most this many random rows (and values:
 #: 16 MiB in float64, so that very wide rows take fewer, but never fewer
-#: than SPACING_MIN_ROWS rows), from at most this many of them: a fraction
-#: of a second for hundreds of features.
+#: than SPACING_MIN_ROWS rows), from at most this many of them, so that its
+#: cost stays small next to a fit's.
 SPACING_ROWS = 5_000
 SPACING_VALUES = 2_000_000
 SPACING_MIN_ROWS = 50
@@ -290,10 +290,10 @@ def _distinct_rows(rows):
 
     ``np.unique(axis=0)`` sorts them, and which rows become the queries
     depends on that order when there are more than ``SPACING_QUERIES``. It
-    costs seconds for rows of hundreds of thousands of values, but rows that
-    wide are too few to choose queries among (``SPACING_VALUES``): for them,
-    a view of each row as one string of bytes finds the same rows, in their
-    own order, in milliseconds.
+    is slow for very wide rows (it compares them value by value), but rows
+    that wide are too few to choose queries among (``SPACING_VALUES``): for
+    them, a view of each row as one string of bytes finds the same rows, in
+    their own order, far faster.
     """
     if len(rows) > SPACING_QUERIES:
         return np.unique(rows, axis=0)

@@ -235,8 +235,9 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
             histories, n_iter, failed = train_candidates(
                 models, batches, configs, device, stacking
             )
-    trained = zip(candidates, class_priors, models, histories, strict=True)
-    _set_states(list(trained), n_iter, failed, inputs, settings)
+        # Inside the thread setting: class_prior="auto" predicts on the CPU.
+        trained = zip(candidates, class_priors, models, histories, strict=True)
+        _set_states(list(trained), n_iter, failed, inputs, settings)
     return candidates
 
 
