@@ -46,7 +46,6 @@ from ._model import build_model, check_custom_module, placed, probe_embedder
 from ._persistence import load_model, save_model
 from ._prior import (
     apply_class_prior,
-    check_class_prior,
     estimate_class_prior,
     label_frequencies,
     prior_samples,
@@ -346,10 +345,15 @@ class SemiSupervisedAssociationClassifier(
         labeled samples, so only their ratios matter.
     class_prior : {"auto", "uniform"} or array-like of shape (n_classes,), \
             default="auto"
-        The class frequencies that :meth:`predict_proba` and :meth:`predict`
-        assume. Every labeled batch holds as many samples of each class, so
-        the network's own probabilities assume equal frequencies
-        (``"uniform"``, as in the paper). ``"auto"`` estimates the
+        The class frequencies that training and predictions assume. Every
+        labeled batch holds as many samples of each class, so the visit
+        loss asks every class to take an equal share of the unlabeled
+        samples, and the network's own probabilities assume equal
+        frequencies (``"uniform"``, as in the paper). Other frequencies
+        start the visit loss's walks at each class in proportion to its
+        frequency: the given ones, or for ``"auto"`` those of the labels
+        (equal labels per class train as the paper). For predictions,
+        ``"auto"`` estimates the
         frequencies of the classes among the unlabeled training samples (at
         most 10,000 of them, drawn with ``random_state``) as the mean of the
         trained network's probabilities there (when no sample is unlabeled,
@@ -646,8 +650,6 @@ class SemiSupervisedAssociationClassifier(
             The fitted estimator.
         """
         inputs = validate_training_inputs(self, X, y, sample_weight)
-        # An array's length can be checked only now; before training.
-        class_prior = check_class_prior(self.class_prior, len(inputs.classes))
         validation = self._validation_set(X_val, y_val, inputs)
         seed = fit_seed(self.random_state)
         if self.early_stopping and validation is None:
@@ -667,7 +669,9 @@ class SemiSupervisedAssociationClassifier(
             evaluate = self._scorer_during_fit(model, validation, inputs, settings)
             with precision_context(device, settings.training.precision):
                 result = train(model, batches, settings.training, device, evaluate)
-            class_prior = self._fitted_class_prior(class_prior, model, inputs, settings)
+            class_prior = self._fitted_class_prior(
+                settings.class_prior, model, inputs, settings
+            )
         set_fitted_state(
             self,
             FittedState(

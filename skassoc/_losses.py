@@ -167,13 +167,18 @@ def walker_loss(p_aba, labels):
     return _cross_entropy(target, p_aba)
 
 
-def visit_loss(p_ab):
+def visit_loss(p_ab, start_weights=None):
     """Cross-entropy between the visit probabilities and a uniform visit.
 
     Parameters
     ----------
     p_ab : torch.Tensor of shape (n_labeled, n_unlabeled)
         Forward transition probabilities from :func:`association_matrices`.
+    start_weights : torch.Tensor of shape (n_labeled,), default=None
+        How often the walk starts at each labeled sample (summing to 1).
+        None starts equally often at every one, as in the paper: with as
+        many labeled samples of each class, a uniform visit then asks every
+        class to take an equal share of the unlabeled batch.
 
     Returns
     -------
@@ -190,7 +195,10 @@ def visit_loss(p_ab):
     >>> bool(visit_loss(uniform) < visit_loss(one_sample))
     True
     """
-    p_visit = p_ab.mean(dim=0)
+    if start_weights is None:
+        p_visit = p_ab.mean(dim=0)
+    else:
+        p_visit = start_weights.to(p_ab.dtype) @ p_ab
     return -torch.log(LOG_EPSILON + p_visit).mean()
 
 
@@ -320,7 +328,8 @@ def _divergence(shares, mass):
 
 @dataclass(frozen=True)
 class OptionalLosses:
-    """The losses beyond the paper's that a training step adds, and their needs.
+    """The losses beyond the paper's that a training step adds, their needs,
+    and where the visit loss's walks start.
 
     Parameters
     ----------
@@ -334,12 +343,15 @@ class OptionalLosses:
     class_mass : torch.Tensor of shape (n_classes,), default=None
         The balance loss's running estimate of the class mass (see
         :func:`balance_loss`), on the training device; the steps update it.
+    visit_start_weights : torch.Tensor of shape (n_labeled,), default=None
+        ``start_weights`` of :func:`visit_loss`, on the training device.
     """
 
     consistency_weight: float = 0.0
     balance_weight: float = 0.0
     class_shares: torch.Tensor | None = None
     class_mass: torch.Tensor | None = None
+    visit_start_weights: torch.Tensor | None = None
 
     @property
     def names(self):
@@ -374,7 +386,7 @@ def step_losses(
     scale : float or torch.Tensor
         Multiplier of the association losses (their delay and ramp).
     optional : OptionalLosses
-        The losses beyond the paper's.
+        The losses beyond the paper's, and where the visit loss's walks start.
     labeled_weights : torch.Tensor of shape (n_labeled,), default=None
         Factors of the labeled samples' classification losses (see
         :func:`classification_loss`).
@@ -388,7 +400,7 @@ def step_losses(
     labeled = embeddings[:n_labeled]
     p_ab, p_ba, p_aba = association_matrices(labeled, embeddings[n_labeled:n_batch])
     walker = walker_loss(p_aba, labels)
-    visit = visit_loss(p_ab)
+    visit = visit_loss(p_ab, optional.visit_start_weights)
     logit = classification_loss(logits, labels, labeled_weights)
     association = weights[0] * walker + weights[1] * visit
     terms = [walker, visit, logit]

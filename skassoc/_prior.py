@@ -1,4 +1,4 @@
-"""The class frequencies that predictions assume (the ``class_prior`` parameter).
+"""The class frequencies that training and predictions assume (``class_prior``).
 
 Every labeled batch holds as many samples of each class, so the trained
 network's probabilities assume that every class is equally frequent. On
@@ -7,6 +7,12 @@ estimates the class frequencies among the unlabeled training samples as the
 mean of the network's probabilities there, and predictions weigh each class's
 probability by its estimated frequency (Bayes' rule for a change of class
 frequencies; Saerens, Latinne and Decaestecker, 2002).
+
+The visit loss makes the same assumption during training: its walks start
+equally often at every labeled sample, so a uniform visit of the unlabeled
+batch asks each class to take an equal share of it. Its walks start instead
+at each class in proportion to the frequencies known before training: the
+given ones, or with ``"auto"`` those of the labels.
 """
 
 from collections.abc import Mapping
@@ -23,6 +29,7 @@ __all__ = [
     "label_frequencies",
     "prior_samples",
     "uniform_prior",
+    "visit_class_shares",
 ]
 
 #: Samples the frequencies of ``"auto"`` are estimated on, at most: a random
@@ -111,6 +118,33 @@ def label_frequencies(encoded, n_classes):
     """
     labels = encoded[encoded >= 0]
     return np.bincount(labels, minlength=n_classes) / len(labels)
+
+
+def visit_class_shares(class_prior, encoded, n_classes):
+    """Each class's share of the visit loss's walks, for a checked ``class_prior``.
+
+    Parameters
+    ----------
+    class_prior : str or ndarray of shape (n_classes,)
+        The output of :func:`check_class_prior`.
+    encoded : ndarray of shape (n_samples,)
+        The training labels, as indices of the classes (negative: unlabeled
+        or held out).
+    n_classes : int
+
+    Returns
+    -------
+    shares : tuple of float, or None
+        The given frequencies, or for ``"auto"`` those of the labels; None
+        for ``"uniform"`` or equal shares (the paper's visit loss).
+    """
+    if isinstance(class_prior, str):
+        if class_prior == "uniform":
+            return None
+        class_prior = label_frequencies(encoded, n_classes)
+    if np.all(class_prior == class_prior[0]):
+        return None
+    return tuple(float(share) for share in class_prior)
 
 
 def estimate_class_prior(proba):

@@ -57,7 +57,6 @@ from ._fitted import FittedState, set_fitted_state
 from ._inputs import validate_training_inputs
 from ._losses import step_losses
 from ._networks import weight_tensors
-from ._prior import check_class_prior
 from ._settings import (
     embeds_feature_vectors,
     resolve_consistency_weight,
@@ -212,10 +211,6 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
         candidate._validate_params()
     _check_shared(estimator, stacking)
     inputs = validate_training_inputs(candidates[0], X, y)
-    class_priors = [
-        check_class_prior(candidate.class_prior, len(inputs.classes))
-        for candidate in candidates
-    ]
     # One resolution for all: with a RandomState instance (or None) every
     # resolution would draw another seed, and the candidates must share one.
     settings = resolve_fit_settings(candidates[0], inputs)
@@ -236,7 +231,7 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
                 models, batches, configs, device, stacking
             )
         # Inside the thread setting: class_prior="auto" predicts on the CPU.
-        trained = zip(candidates, class_priors, models, histories, strict=True)
+        trained = zip(candidates, models, histories, strict=True)
         _set_states(list(trained), n_iter, failed, inputs, settings)
     return candidates
 
@@ -244,18 +239,17 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
 def _set_states(trained, n_iter, failed, inputs, settings):
     """Give every candidate that trained to the end its fitted state.
 
-    ``trained`` holds a ``(candidate, checked class_prior, model, history)``
-    for every candidate.
+    ``trained`` holds a ``(candidate, model, history)`` for every candidate.
     """
     candidates = [candidate for candidate, *_ in trained]
-    for index, (candidate, class_prior, model, history) in enumerate(trained):
+    for index, (candidate, model, history) in enumerate(trained):
         if index in failed:
             continue
         state = FittedState(
             model=model,
             classes=inputs.classes,
             class_prior=candidate._fitted_class_prior(
-                class_prior, model, inputs, settings
+                settings.class_prior, model, inputs, settings
             ),
             input_shape=inputs.image_shape,
             network=settings.spec.network,

@@ -66,6 +66,9 @@ class TrainingConfig:
     augmentation: dict | None = None
     consistency_weight: float = 0.0
     balance_weight: float = 0.0
+    # Each class's share of the visit loss's walks, in the order of the
+    # classes (None: every labeled sample equally often, as in the paper).
+    visit_class_shares: tuple | None = None
     ema_decay: float | None = None
     embedding_chunk_size: int | None = 4096
     validation_interval: int | None = None
@@ -123,7 +126,7 @@ def step_batch_layout(config, device, embedder):
 def optional_losses(config, batches):
     """The step's :class:`~skassoc._losses.OptionalLosses`: the consistency and
     balance losses of ``config``, the latter aiming at each class's share of
-    the labeled training samples."""
+    the labeled training samples, and the visit loss's start weights."""
     shares = batches.sampler.class_shares().to(batches.labels.device)
     return OptionalLosses(
         consistency_weight=config.consistency_weight,
@@ -132,7 +135,24 @@ def optional_losses(config, batches):
         # The estimate starts at the shares: no pull before the walks say
         # where the classes' mass goes.
         class_mass=shares.clone(),
+        visit_start_weights=visit_start_weights(
+            config.visit_class_shares, batches.labels
+        ),
     )
+
+
+def visit_start_weights(class_shares, labels):
+    """Start weights of the visit loss for a labeled batch of classes ``labels``.
+
+    Each class's walks start at its samples of the batch equally often, and
+    the class takes ``class_shares`` of them; None (equal shares) leaves the
+    paper's equal weights.
+    """
+    if class_shares is None:
+        return None
+    shares = torch.tensor(class_shares, dtype=torch.float64, device=labels.device)
+    in_batch = torch.bincount(labels, minlength=len(shares)).double()
+    return (shares[labels] / in_batch[labels]).float()
 
 
 def augment_batch(batch, n_labeled, augment, augment_unlabeled, second_view):

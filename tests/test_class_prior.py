@@ -1,4 +1,4 @@
-"""class_prior: the class frequencies that predictions assume."""
+"""class_prior: the class frequencies that training and predictions assume."""
 
 import copy
 import json
@@ -6,6 +6,7 @@ import zipfile
 
 import numpy as np
 import pytest
+import torch
 
 from skassoc import (
     RECIPES,
@@ -15,9 +16,17 @@ from skassoc import (
     recipe_params,
 )
 from skassoc._inputs import HELD_OUT, UNLABELED
+from skassoc._losses import LOG_EPSILON, visit_loss
 from skassoc._persistence import METADATA_MEMBER, WEIGHTS_MEMBER
-from skassoc._prior import apply_class_prior, estimate_class_prior, prior_samples
+from skassoc._prior import (
+    apply_class_prior,
+    estimate_class_prior,
+    prior_samples,
+    uniform_prior,
+    visit_class_shares,
+)
 from skassoc._settings import fit_seed
+from skassoc._training import visit_start_weights
 
 
 def _posteriors(n_first, n_second, rng):
@@ -141,13 +150,84 @@ def test_without_unlabeled_samples_the_labels_give_the_frequencies(imbalanced):
     np.testing.assert_array_equal(held.class_prior_, [0.9, 0.1])
 
 
-def test_given_frequencies_are_used_as_given(imbalanced, fitted_pair):
+def _own_probabilities(clf, X):
+    """The network's own probabilities: those of equal frequencies."""
+    own = copy.deepcopy(clf)
+    own.class_prior_ = uniform_prior(len(clf.classes_))
+    return own.predict_proba(X)
+
+
+def test_given_frequencies_are_used_as_given(imbalanced):
     X, _, y_semi = imbalanced
-    uniform, _ = fitted_pair
     given = _fit(X, y_semi, class_prior=[3, 1])
     np.testing.assert_array_equal(given.class_prior_, [0.75, 0.25])
-    expected = apply_class_prior(uniform.predict_proba(X), np.array([0.75, 0.25]))
+    expected = apply_class_prior(_own_probabilities(given, X), np.array([0.75, 0.25]))
     np.testing.assert_allclose(given.predict_proba(X), expected, rtol=1e-12)
+
+
+def test_walks_start_at_each_class_in_its_share():
+    labels = torch.tensor([0, 0, 1, 1, 1, 2])
+    weights = visit_start_weights((0.5, 0.3, 0.2), labels)
+    torch.testing.assert_close(weights, torch.tensor([0.25, 0.25, 0.1, 0.1, 0.1, 0.2]))
+    assert visit_start_weights(None, labels) is None
+    p_ab = torch.softmax(
+        torch.randn(6, 4, generator=torch.Generator().manual_seed(0)), 1
+    )
+    expected = -torch.log(LOG_EPSILON + weights @ p_ab).mean()
+    torch.testing.assert_close(visit_loss(p_ab, weights), expected)
+    torch.testing.assert_close(
+        visit_loss(p_ab, torch.full((6,), 1 / 6)), visit_loss(p_ab)
+    )
+
+
+def test_the_visit_shares_are_the_given_or_the_labels_frequencies():
+    encoded = np.array([0, 0, 0, 1, UNLABELED, HELD_OUT, 1, UNLABELED])
+    assert visit_class_shares("auto", encoded, 2) == (0.6, 0.4)
+    assert visit_class_shares("uniform", encoded, 2) is None
+    assert visit_class_shares("auto", np.array([0, 1, HELD_OUT, 0, 1]), 2) is None
+    assert visit_class_shares(np.array([0.75, 0.25]), encoded, 2) == (0.75, 0.25)
+    assert visit_class_shares(np.array([0.5, 0.5]), encoded, 2) is None
+
+
+def test_unequal_frequencies_train_the_visit_loss_toward_them(imbalanced, fitted_pair):
+    X, _, y_semi = imbalanced
+    uniform, _ = fitted_pair
+    # Equal frequencies train the paper's visit loss, bit for bit.
+    equal = _fit(X, y_semi, class_prior=[2, 2])
+    np.testing.assert_array_equal(equal.transform(X), uniform.transform(X))
+    # Two separate classes in 8 dimensions, 9 of 10 samples in the first,
+    # fitted with the default augmentation. With 9 in 10 of the walks
+    # starting at the first class, the visit loss no longer asks the rare
+    # class to take half of the unlabeled samples, so the network itself
+    # gives it fewer of them.
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(0, 1, (900, 8)), rng.normal(1.06, 1, (100, 8))])
+    y_semi = np.full(1000, -1)
+    y_semi[rng.choice(900, 10, replace=False)] = 0
+    y_semi[900 + rng.choice(100, 10, replace=False)] = 1
+    unlabeled = X[y_semi == -1]
+    rare_share = [
+        _own_probabilities(
+            SemiSupervisedAssociationClassifier(
+                class_prior=prior, max_iter=200, device="cpu", random_state=0
+            ).fit(X, y_semi),
+            unlabeled,
+        )[:, 1].mean()
+        for prior in ("uniform", [0.9, 0.1])
+    ]
+    assert rare_share[1] < rare_share[0] - 0.02
+
+
+def test_auto_trains_with_the_labels_frequencies(imbalanced, fitted_pair):
+    X, _, y_semi = imbalanced
+    more = y_semi.copy()
+    unlabeled_first = np.flatnonzero((y_semi == -1) & (np.arange(len(X)) < 900))
+    more[unlabeled_first[:20]] = 0  # 30 labels of class 0, 10 of class 1
+    auto = _fit(X, more)
+    given = _fit(X, more, class_prior=[0.75, 0.25])
+    np.testing.assert_array_equal(auto.transform(X), given.transform(X))
+    uniform = _fit(X, more, class_prior="uniform")
+    assert not np.array_equal(auto.transform(X), uniform.transform(X))
 
 
 @pytest.mark.parametrize(
