@@ -9,6 +9,9 @@ minute::
     python benchmarks/bench_defaults.py --device cpu --only digits --labels 5 \\
         --methods skassoc label-spreading
     python benchmarks/bench_defaults.py --device cpu --render-only
+
+``--methods skassoc-given-prior`` adds the runs of a table of their own:
+skassoc given the class frequencies (see GIVEN_PRIOR).
 """
 
 import json
@@ -49,6 +52,9 @@ SPREADING_GRID = [
 ]
 METHODS = ("skassoc", "skassoc-labeled", "label-spreading", "self-training-lr")
 METHODS += ("self-training-hgb", "mlp-labeled")
+#: skassoc given the class frequencies of the training set (class_prior), run
+#: on the imbalanced sets only and shown in a table of its own: not a default.
+GIVEN_PRIOR = "skassoc-given-prior"
 #: Fraction of the samples held out for testing where a set has no test split.
 TEST_SIZE = 0.3
 
@@ -133,13 +139,16 @@ def _flat(X):
     return np.asarray(X, dtype=np.float64).reshape(len(X), -1)
 
 
-def fit_method(method, X, y_semi, device, draw, spreading):
+def fit_method(method, X, y_semi, device, draw, spreading, y):
     """``method`` fitted on ``X, y_semi`` (its labeled samples for "-labeled");
-    the baselines see flat standardised columns (but for the trees)."""
+    the baselines see flat standardised columns (but for the trees). ``y``
+    holds every training label (for the class frequencies of GIVEN_PRIOR)."""
     if method.endswith("-labeled"):
         X, y_semi = X[y_semi != -1], y_semi[y_semi != -1]
     if method.startswith("skassoc"):
         model = SemiSupervisedAssociationClassifier(device=device, random_state=draw)
+        if method == GIVEN_PRIOR:
+            model.set_params(class_prior=np.unique(y, return_counts=True)[1] / len(y))
         return model.fit(X, y_semi)
     if method == "label-spreading":
         model = [StandardScaler(), LabelSpreading(kernel="knn", **spreading)]
@@ -161,7 +170,7 @@ def tune_spreading(X, X_test, y, y_test, labels_per_class):
         scores = []
         for draw in TUNING_DRAWS:
             y_semi = draw_labels(y, labels_per_class, draw)
-            model = fit_method("label-spreading", X, y_semi, "cpu", draw, params)
+            model = fit_method("label-spreading", X, y_semi, "cpu", draw, params, y)
             scores.append(model.score(X_test, y_test))
         return float(np.mean(scores))
 
@@ -173,7 +182,7 @@ def run_one(name, data, labels, method, draw, spreading, args):
     X, X_test, y, y_test = data
     y_semi = draw_labels(y, labels, draw)
     start = time.perf_counter()
-    model = fit_method(method, X, y_semi, args.device, draw, spreading)
+    model = fit_method(method, X, y_semi, args.device, draw, spreading, y)
     seconds = time.perf_counter() - start
     run = dict(dataset=name, labels=labels, method=method, draw=draw)
     run["accuracy"] = float(model.score(X_test, y_test))
@@ -230,22 +239,45 @@ def summarise(runs):
     return table
 
 
-def render(runs, device):
-    """Every method's cells, the best median of a row in bold."""
-    table = summarise(runs)
+def _grid(table, methods):
+    """The rst grid of ``methods``' cells, the best median of a row in bold."""
     rows = []
     for dataset, labels in sorted(table, key=lambda k: (DATASETS.index(k[0]), k[1])):
-        cells = table[dataset, labels]
+        cells = {m: cell for m, cell in table[dataset, labels].items() if m in methods}
+        if not cells:
+            continue
         best = max(median for median, _, _ in cells.values())
         rows.append([dataset, str(labels)])
-        for method in METHODS:
+        for method in methods:
             if method not in cells:
                 rows[-1].append("")
                 continue
             median, worst, seconds = cells[method]
             text = f"{100 * median:.1f} ({100 * worst:.1f}) {seconds:.1f}s"
             rows[-1].append(f"**{text}**" if median == best else text)
-    grid = h.rst_table(["data set", "labels/class", *METHODS], rows, False, " ")
+    return h.rst_table(["data set", "labels/class", *methods], rows, False, " ")
+
+
+def _given_prior_grid(table, device):
+    """skassoc with and without the class frequencies, where both ran."""
+    both = {k: v for k, v in table.items() if GIVEN_PRIOR in v and "skassoc" in v}
+    if not both:
+        return ""
+    sets = " ".join(dict.fromkeys(dataset for dataset, _ in sorted(both)))
+    return f"""
+
+Given the class frequencies of the training set (``class_prior``), on the
+imbalanced sets; the same cells. Made by ``python
+benchmarks/bench_defaults.py --device {device} --methods {GIVEN_PRIOR}
+--only {sets}``:
+
+{_grid(both, ("skassoc", GIVEN_PRIOR))}"""
+
+
+def render(runs, device):
+    """Every method's cells, the best median of a row in bold."""
+    table = summarise(runs)
+    grid = _grid(table, METHODS)
     machines = Counter(run.get("machine", "?") for run in runs)
     per_machine = ", ".join(f"{name}: {n}" for name, n in sorted(machines.items()))
     return f"""\
@@ -256,7 +288,7 @@ parentheses) and median fit seconds, one torch thread; the best
 median of each row in bold. Made by ``python benchmarks/bench_defaults.py
 --device {device}``.
 
-{grid}
+{grid}{_given_prior_grid(table, device)}
 
 Runs per machine (fit seconds compare within one machine only): {per_machine}."""
 
@@ -267,7 +299,7 @@ def main(argv=None):
     add("--draws", type=int, default=DRAWS, help="label draws of each data set")
     add("--only", nargs="*", help="data sets to run (names)")
     add("--labels", type=int, nargs="*", default=[5, 10], help="labels per class")
-    add("--methods", nargs="*", choices=METHODS)
+    add("--methods", nargs="*", choices=(*METHODS, GIVEN_PRIOR))
     args = h.parse(parser, argv)
     if not args.render_only:
         args.device = str(h.resolve_device(args.device))
