@@ -236,12 +236,13 @@ class SemiSupervisedAssociationClassifier(
         batch and, with a moving average, over about the last hundred
         batches (restarted at the class shares by every fit). The loss is
         the KL divergence of each class's share of the labeled training
-        samples from that average, and its gradient acts through the
-        current batch. When no labeled sample resembles a whole group of
-        unlabeled ones (a style of writing a digit, say), the walker losses
-        can hand the group to another class; that class then gets more than
-        its share, and this loss pulls the group back. It assumes the
-        labeled samples' class shares are those of the unlabeled data. It
+        samples (or its given ``class_prior``) from that average, and its
+        gradient acts through the current batch. When no labeled sample
+        resembles a whole group of unlabeled ones (a style of writing a
+        digit, say), the walker losses can hand the group to another class;
+        that class then gets more than its share, and this loss pulls the
+        group back. It assumes the labeled samples' class shares (or the
+        given frequencies) are those of the unlabeled data. It
         is delayed and ramped with the walker and visit losses. Stacked
         fits (:class:`~skassoc.model_selection.StackedGridSearchCV`) do not
         take it.
@@ -340,20 +341,18 @@ class SemiSupervisedAssociationClassifier(
         seen as often as common ones whatever the weights; class weights
         change how much each class's rows count in the classification loss
         (``"balanced"`` thus favours rare classes beyond their balanced
-        share). The walker and visit losses are unweighted. Factors
+        share). The walker and visit losses are not weighted by them (a
+        given ``class_prior`` sets where the visit loss's walks start). Factors
         (times ``sample_weight``) are rescaled to average 1 over the
         labeled samples, so only their ratios matter.
     class_prior : {"auto", "uniform"} or array-like of shape (n_classes,), \
             default="auto"
-        The class frequencies that training and predictions assume. Every
-        labeled batch holds as many samples of each class, so the visit
-        loss asks every class to take an equal share of the unlabeled
-        samples, and the network's own probabilities assume equal
-        frequencies (``"uniform"``, as in the paper). Other frequencies
-        start the visit loss's walks at each class in proportion to its
-        frequency: the given ones, or for ``"auto"`` those of the labels
-        (equal labels per class train as the paper). For predictions,
-        ``"auto"`` estimates the
+        The class frequencies that predictions, and with given frequencies
+        training too, assume. Every labeled batch holds as many samples of
+        each class, so the network's own probabilities assume equal
+        frequencies (``"uniform"``, as in the paper), and so does the visit
+        loss: it asks every class for an equal share of the unlabeled
+        samples. ``"auto"`` trains as the paper, then estimates the
         frequencies of the classes among the unlabeled training samples (at
         most 10,000 of them, drawn with ``random_state``) as the mean of the
         trained network's probabilities there (when no sample is unlabeled,
@@ -361,13 +360,14 @@ class SemiSupervisedAssociationClassifier(
         probability by its frequency (Bayes' rule; see the user guide's
         "Imbalanced classes"): on imbalanced data a class rare among the
         unlabeled samples is predicted less often, on balanced data little
-        changes. An array gives the
-        frequencies, one per class in the order of :attr:`classes_` (the
-        sorted labels; positive; rescaled to sum 1). ``class_weight`` tilts
-        the classification loss on top of this. Like every parameter, a
-        new value takes effect at the next ``fit``. The validation scores
-        measured during training (see ``early_stopping``) use the network's
-        own probabilities.
+        changes. An array gives the frequencies, one per class in the order
+        of :attr:`classes_` (the sorted labels; positive; rescaled to sum
+        1): predictions weigh by them, the visit loss's walks start at each
+        class in proportion to them, and the balance loss aims at them.
+        ``class_weight`` tilts the classification loss on top of this. Like
+        every parameter, a new value takes effect at the next ``fit``. The
+        validation scores measured during training (see
+        ``early_stopping``) use the network's own probabilities.
 
     Attributes
     ----------

@@ -198,7 +198,9 @@ def visit_loss(p_ab, start_weights=None):
     if start_weights is None:
         p_visit = p_ab.mean(dim=0)
     else:
-        p_visit = start_weights.to(p_ab.dtype) @ p_ab
+        # In float64, as the walker's other products.
+        wide = _wide_dtype(p_ab)
+        p_visit = (start_weights.to(wide) @ p_ab.to(wide)).to(p_ab.dtype)
     return -torch.log(LOG_EPSILON + p_visit).mean()
 
 

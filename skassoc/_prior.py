@@ -10,9 +10,9 @@ frequencies; Saerens, Latinne and Decaestecker, 2002).
 
 The visit loss makes the same assumption during training: its walks start
 equally often at every labeled sample, so a uniform visit of the unlabeled
-batch asks each class to take an equal share of it. Its walks start instead
-at each class in proportion to the frequencies known before training: the
-given ones, or with ``"auto"`` those of the labels.
+batch asks each class to take an equal share of it. Given frequencies start
+its walks at each class in proportion to them instead (and the balance loss
+aims at them).
 """
 
 from collections.abc import Mapping
@@ -29,7 +29,7 @@ __all__ = [
     "label_frequencies",
     "prior_samples",
     "uniform_prior",
-    "visit_class_shares",
+    "training_class_prior",
 ]
 
 #: Samples the frequencies of ``"auto"`` are estimated on, at most: a random
@@ -120,31 +120,25 @@ def label_frequencies(encoded, n_classes):
     return np.bincount(labels, minlength=n_classes) / len(labels)
 
 
-def visit_class_shares(class_prior, encoded, n_classes):
-    """Each class's share of the visit loss's walks, for a checked ``class_prior``.
+def training_class_prior(class_prior):
+    """The class frequencies that training assumes, for a checked ``class_prior``.
 
     Parameters
     ----------
     class_prior : str or ndarray of shape (n_classes,)
         The output of :func:`check_class_prior`.
-    encoded : ndarray of shape (n_samples,)
-        The training labels, as indices of the classes (negative: unlabeled
-        or held out).
-    n_classes : int
 
     Returns
     -------
-    shares : tuple of float, or None
-        The given frequencies, or for ``"auto"`` those of the labels; None
-        for ``"uniform"`` or equal shares (the paper's visit loss).
+    frequencies : tuple of float, or None
+        The given frequencies; None for ``"auto"`` and ``"uniform"``, which
+        train as the paper. ``"auto"`` does not train with the labels'
+        frequencies: a few labels drawn at random give noisy ones, and on
+        balanced data those cost accuracy.
     """
     if isinstance(class_prior, str):
-        if class_prior == "uniform":
-            return None
-        class_prior = label_frequencies(encoded, n_classes)
-    if np.all(class_prior == class_prior[0]):
         return None
-    return tuple(float(share) for share in class_prior)
+    return tuple(float(frequency) for frequency in class_prior)
 
 
 def estimate_class_prior(proba):

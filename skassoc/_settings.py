@@ -28,7 +28,7 @@ from ._image_format import check_image_size
 from ._inputs import UNLABELED
 from ._model import ModelSpec, is_builtin, spec_of_model
 from ._networks import NETWORKS, auto_network_name
-from ._prior import check_class_prior, visit_class_shares
+from ._prior import check_class_prior, training_class_prior
 from ._training import TrainingConfig, default_log_interval
 from ._utils import is_integer
 
@@ -124,8 +124,7 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         estimator, augmentation, feature_vectors
     )
     precision = resolve_precision(estimator.precision, device, inputs.images)
-    n_classes = len(inputs.classes)
-    class_prior = check_class_prior(estimator.class_prior, n_classes)
+    class_prior = check_class_prior(estimator.class_prior, len(inputs.classes))
     labeled_per_class, unlabeled_batch_size, max_iter = _resolve_batching(
         estimator, inputs, spec, device, precision, consistency_weight
     )
@@ -151,7 +150,7 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         augmentation=augmentation,
         consistency_weight=consistency_weight,
         balance_weight=float(estimator.balance_weight),
-        visit_class_shares=visit_class_shares(class_prior, inputs.encoded, n_classes),
+        class_prior=training_class_prior(class_prior),
         ema_decay=estimator.ema_decay,
         validation_interval=estimator.validation_interval,
         compile=_compile_options(estimator.compile, estimator.cuda_graph, device),

@@ -66,9 +66,9 @@ class TrainingConfig:
     augmentation: dict | None = None
     consistency_weight: float = 0.0
     balance_weight: float = 0.0
-    # Each class's share of the visit loss's walks, in the order of the
-    # classes (None: every labeled sample equally often, as in the paper).
-    visit_class_shares: tuple | None = None
+    # Given class frequencies (None: the paper's visit loss, and the balance
+    # loss aims at the labels' shares); see optional_losses.
+    class_prior: tuple | None = None
     ema_decay: float | None = None
     embedding_chunk_size: int | None = 4096
     validation_interval: int | None = None
@@ -125,9 +125,17 @@ def step_batch_layout(config, device, embedder):
 
 def optional_losses(config, batches):
     """The step's :class:`~skassoc._losses.OptionalLosses`: the consistency and
-    balance losses of ``config``, the latter aiming at each class's share of
-    the labeled training samples, and the visit loss's start weights."""
-    shares = batches.sampler.class_shares().to(batches.labels.device)
+    balance losses of ``config``, and the visit loss's start weights.
+
+    Given class frequencies (``config.class_prior``) are the balance loss's
+    target and weigh the visit loss's walks; otherwise the balance loss
+    aims at each class's share of the labeled training samples.
+    """
+    labels = batches.labels
+    if config.class_prior is None:
+        shares = batches.sampler.class_shares().to(labels.device)
+    else:
+        shares = torch.tensor(config.class_prior, device=labels.device).float()
     return OptionalLosses(
         consistency_weight=config.consistency_weight,
         balance_weight=config.balance_weight,
@@ -135,24 +143,22 @@ def optional_losses(config, batches):
         # The estimate starts at the shares: no pull before the walks say
         # where the classes' mass goes.
         class_mass=shares.clone(),
-        visit_start_weights=visit_start_weights(
-            config.visit_class_shares, batches.labels
-        ),
+        visit_start_weights=visit_start_weights(config.class_prior, labels),
     )
 
 
-def visit_start_weights(class_shares, labels):
+def visit_start_weights(class_prior, labels):
     """Start weights of the visit loss for a labeled batch of classes ``labels``.
 
     Each class's walks start at its samples of the batch equally often, and
-    the class takes ``class_shares`` of them; None (equal shares) leaves the
-    paper's equal weights.
+    the class takes its frequency in ``class_prior`` of them (float64). None,
+    or equal frequencies, leave the paper's equal weights (None).
     """
-    if class_shares is None:
+    if class_prior is None or len(set(class_prior)) == 1:
         return None
-    shares = torch.tensor(class_shares, dtype=torch.float64, device=labels.device)
-    in_batch = torch.bincount(labels, minlength=len(shares)).double()
-    return (shares[labels] / in_batch[labels]).float()
+    frequencies = torch.tensor(class_prior, dtype=torch.float64, device=labels.device)
+    in_batch = torch.bincount(labels, minlength=len(frequencies)).double()
+    return frequencies[labels] / in_batch[labels]
 
 
 def augment_batch(batch, n_labeled, augment, augment_unlabeled, second_view):

@@ -15,18 +15,19 @@ from skassoc import (
     _prior,
     recipe_params,
 )
-from skassoc._inputs import HELD_OUT, UNLABELED
+from skassoc._batches import make_batches
+from skassoc._inputs import HELD_OUT, UNLABELED, validate_training_inputs
 from skassoc._losses import LOG_EPSILON, visit_loss
 from skassoc._persistence import METADATA_MEMBER, WEIGHTS_MEMBER
 from skassoc._prior import (
     apply_class_prior,
     estimate_class_prior,
     prior_samples,
+    training_class_prior,
     uniform_prior,
-    visit_class_shares,
 )
-from skassoc._settings import fit_seed
-from skassoc._training import visit_start_weights
+from skassoc._settings import fit_seed, resolve_fit_settings
+from skassoc._training import optional_losses, visit_start_weights
 
 
 def _posteriors(n_first, n_second, rng):
@@ -113,7 +114,7 @@ def test_auto_estimates_the_unlabeled_frequencies_and_predicts_with_them(
     X, y, y_semi = imbalanced
     uniform, auto = fitted_pair
     np.testing.assert_array_equal(uniform.class_prior_, [0.5, 0.5])
-    # class_prior changes predictions only: the networks are the same.
+    # "auto" trains as "uniform": the networks are the same.
     np.testing.assert_array_equal(uniform.transform(X), auto.transform(X))
     own = uniform.predict_proba(X[y_semi == -1])
     np.testing.assert_array_equal(auto.class_prior_, estimate_class_prior(own))
@@ -168,25 +169,44 @@ def test_given_frequencies_are_used_as_given(imbalanced):
 def test_walks_start_at_each_class_in_its_share():
     labels = torch.tensor([0, 0, 1, 1, 1, 2])
     weights = visit_start_weights((0.5, 0.3, 0.2), labels)
-    torch.testing.assert_close(weights, torch.tensor([0.25, 0.25, 0.1, 0.1, 0.1, 0.2]))
+    expected = torch.tensor([0.25, 0.25, 0.1, 0.1, 0.1, 0.2], dtype=torch.float64)
+    torch.testing.assert_close(weights, expected)
     assert visit_start_weights(None, labels) is None
     p_ab = torch.softmax(
         torch.randn(6, 4, generator=torch.Generator().manual_seed(0)), 1
     )
-    expected = -torch.log(LOG_EPSILON + weights @ p_ab).mean()
+    expected = -torch.log(LOG_EPSILON + (weights @ p_ab.double()).float()).mean()
     torch.testing.assert_close(visit_loss(p_ab, weights), expected)
     torch.testing.assert_close(
         visit_loss(p_ab, torch.full((6,), 1 / 6)), visit_loss(p_ab)
     )
 
 
-def test_the_visit_shares_are_the_given_or_the_labels_frequencies():
-    encoded = np.array([0, 0, 0, 1, UNLABELED, HELD_OUT, 1, UNLABELED])
-    assert visit_class_shares("auto", encoded, 2) == (0.6, 0.4)
-    assert visit_class_shares("uniform", encoded, 2) is None
-    assert visit_class_shares("auto", np.array([0, 1, HELD_OUT, 0, 1]), 2) is None
-    assert visit_class_shares(np.array([0.75, 0.25]), encoded, 2) == (0.75, 0.25)
-    assert visit_class_shares(np.array([0.5, 0.5]), encoded, 2) is None
+def test_only_given_frequencies_change_training():
+    assert training_class_prior("auto") is None
+    assert training_class_prior("uniform") is None
+    assert training_class_prior(np.array([0.75, 0.25])) == (0.75, 0.25)
+    # Equal ones weigh the walks equally, as the paper.
+    assert visit_start_weights((0.5, 0.5), torch.tensor([0, 1])) is None
+
+
+def test_given_frequencies_are_the_balance_losss_target(blobs_semi):
+    X, y_semi = blobs_semi
+    clf = _make(class_prior=[0.5, 0.3, 0.2], balance_weight=1.0)
+    settings = resolve_fit_settings(clf, validate_training_inputs(clf, X, y_semi))
+    batches = make_batches(validate_training_inputs(clf, X, y_semi), settings)
+    losses = optional_losses(settings.training, batches)
+    torch.testing.assert_close(losses.class_shares, torch.tensor([0.5, 0.3, 0.2]))
+    torch.testing.assert_close(
+        losses.visit_start_weights.sum().float(), torch.tensor(1.0)
+    )
+    # Without them, the balance loss aims at the labels' shares.
+    plain = _make(balance_weight=1.0)
+    settings = resolve_fit_settings(plain, validate_training_inputs(plain, X, y_semi))
+    losses = optional_losses(settings.training, batches)
+    counts = np.bincount(y_semi[y_semi >= 0]) / (y_semi >= 0).sum()
+    torch.testing.assert_close(losses.class_shares, torch.tensor(counts).float())
+    assert losses.visit_start_weights is None
 
 
 def test_unequal_frequencies_train_the_visit_loss_toward_them(imbalanced, fitted_pair):
@@ -218,16 +238,16 @@ def test_unequal_frequencies_train_the_visit_loss_toward_them(imbalanced, fitted
     assert rare_share[1] < rare_share[0] - 0.02
 
 
-def test_auto_trains_with_the_labels_frequencies(imbalanced, fitted_pair):
+def test_auto_trains_as_the_paper_with_unequal_labels(imbalanced, fitted_pair):
     X, _, y_semi = imbalanced
     more = y_semi.copy()
     unlabeled_first = np.flatnonzero((y_semi == -1) & (np.arange(len(X)) < 900))
     more[unlabeled_first[:20]] = 0  # 30 labels of class 0, 10 of class 1
     auto = _fit(X, more)
-    given = _fit(X, more, class_prior=[0.75, 0.25])
-    np.testing.assert_array_equal(auto.transform(X), given.transform(X))
     uniform = _fit(X, more, class_prior="uniform")
-    assert not np.array_equal(auto.transform(X), uniform.transform(X))
+    np.testing.assert_array_equal(auto.transform(X), uniform.transform(X))
+    given = _fit(X, more, class_prior=[0.75, 0.25])
+    assert not np.array_equal(given.transform(X), uniform.transform(X))
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,20 @@ def test_cuda_graph_trains_like_the_eager_loop(digit_images):
     assert len(graph.history_["step"]) == len(eager.history_["step"])
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_given_class_frequencies_inside_the_graph(digit_images, precision):
+    # The visit loss's start weights live on the device before capture.
+    X, y, y_semi = digit_images
+    prior = np.linspace(1, 2, 10)
+    graph = fit(X, y_semi, cuda_graph=True, precision=precision, class_prior=prior)
+    eager = fit(X, y_semi, cuda_graph=False, precision=precision, class_prior=prior)
+    assert np.isfinite(graph.history_["visit"]).all()
+    np.testing.assert_allclose(
+        graph.history_["visit"], eager.history_["visit"], rtol=0.05
+    )
+    assert graph.score(X, y) > 0.8
+
+
 def test_epoch_dealing_reaches_the_captured_graph():
     # The host deals each step's unlabeled indices into a buffer that the
     # graph reads on every replay: replays must see every batch of a pass.

@@ -59,6 +59,29 @@ def test_stacked_fits_equal_separate_fits(blobs, fast_params, stacking):
         assert stacked.n_iter_ == separate.n_iter_
 
 
+def test_stacked_fits_with_given_class_frequencies_equal_separate_fits(
+    blobs, fast_params
+):
+    # Given frequencies weigh the visit loss's walks in every candidate.
+    X, y = blobs
+    params = {**fast_params, "class_prior": [0.5, 0.3, 0.2]}
+    estimator = SemiSupervisedAssociationClassifier(**params)
+    fitted = fit_candidates(estimator, CANDIDATES[1:], X, y, stacking="streams")
+    for candidate, stacked in zip(CANDIDATES[1:], fitted, strict=True):
+        separate = SemiSupervisedAssociationClassifier(**params, **candidate)
+        separate.fit(X, y)
+        np.testing.assert_allclose(
+            stacked.history_["visit"], separate.history_["visit"], rtol=1e-4
+        )
+        np.testing.assert_allclose(
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
+        )
+    plain = SemiSupervisedAssociationClassifier(**fast_params, **CANDIDATES[1]).fit(
+        X, y
+    )
+    assert not np.allclose(plain.history_["visit"], fitted[0].history_["visit"])
+
+
 @pytest.mark.parametrize("stacking", ["vmap", "streams"])
 def test_stacked_convolutional_network(digits, stacking):
     X, y = digits
