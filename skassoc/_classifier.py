@@ -342,8 +342,8 @@ class SemiSupervisedAssociationClassifier(
         change how much each class's rows count in the classification loss
         (``"balanced"`` thus favours rare classes beyond their balanced
         share). The walker and visit losses are not weighted by them (a
-        given ``class_prior`` sets where the visit loss's walks start). Factors
-        (times ``sample_weight``) are rescaled to average 1 over the
+        given ``class_prior`` sets where the visit loss's walks start).
+        Factors (times ``sample_weight``) are rescaled to average 1 over the
         labeled samples, so only their ratios matter.
     class_prior : {"auto", "uniform"} or array-like of shape (n_classes,), \
             default="auto"

@@ -28,8 +28,8 @@ __all__ = [
     "estimate_class_prior",
     "label_frequencies",
     "prior_samples",
-    "uniform_prior",
     "training_class_prior",
+    "uniform_prior",
 ]
 
 #: Samples the frequencies of ``"auto"`` are estimated on, at most: a random
