@@ -669,9 +669,7 @@ class SemiSupervisedAssociationClassifier(
             evaluate = self._scorer_during_fit(model, validation, inputs, settings)
             with precision_context(device, settings.training.precision):
                 result = train(model, batches, settings.training, device, evaluate)
-            class_prior = self._fitted_class_prior(
-                settings.class_prior, model, inputs, settings
-            )
+            class_prior = self._fitted_class_prior(model, inputs, settings)
         set_fitted_state(
             self,
             FittedState(
@@ -729,8 +727,9 @@ class SemiSupervisedAssociationClassifier(
         _check_step_memory(settings, model, activation_bytes)
         return model
 
-    def _fitted_class_prior(self, class_prior, model, inputs, settings):
+    def _fitted_class_prior(self, model, inputs, settings):
         """``class_prior_`` for the trained ``model``, from the checked parameter."""
+        class_prior = settings.class_prior
         if not isinstance(class_prior, str):
             return class_prior
         if class_prior == "uniform":

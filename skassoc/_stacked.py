@@ -248,9 +248,7 @@ def _set_states(trained, n_iter, failed, inputs, settings):
         state = FittedState(
             model=model,
             classes=inputs.classes,
-            class_prior=candidate._fitted_class_prior(
-                settings.class_prior, model, inputs, settings
-            ),
+            class_prior=candidate._fitted_class_prior(model, inputs, settings),
             input_shape=inputs.image_shape,
             network=settings.spec.network,
             n_features_in=inputs.n_features,

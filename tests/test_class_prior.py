@@ -193,8 +193,9 @@ def test_only_given_frequencies_change_training():
 def test_given_frequencies_are_the_balance_losss_target(blobs_semi):
     X, y_semi = blobs_semi
     clf = _make(class_prior=[0.5, 0.3, 0.2], balance_weight=1.0)
-    settings = resolve_fit_settings(clf, validate_training_inputs(clf, X, y_semi))
-    batches = make_batches(validate_training_inputs(clf, X, y_semi), settings)
+    inputs = validate_training_inputs(clf, X, y_semi)
+    settings = resolve_fit_settings(clf, inputs)
+    batches = make_batches(inputs, settings)
     losses = optional_losses(settings.training, batches)
     torch.testing.assert_close(losses.class_shares, torch.tensor([0.5, 0.3, 0.2]))
     torch.testing.assert_close(
@@ -202,7 +203,7 @@ def test_given_frequencies_are_the_balance_losss_target(blobs_semi):
     )
     # Without them, the balance loss aims at the labels' shares.
     plain = _make(balance_weight=1.0)
-    settings = resolve_fit_settings(plain, validate_training_inputs(plain, X, y_semi))
+    settings = resolve_fit_settings(plain, inputs)
     losses = optional_losses(settings.training, batches)
     counts = np.bincount(y_semi[y_semi >= 0]) / (y_semi >= 0).sum()
     torch.testing.assert_close(losses.class_shares, torch.tensor(counts).float())
