@@ -203,12 +203,13 @@ def make_parser(description, stem, cases=True):
     add("--json", help=f"results (default benchmarks/results/{stem}_<device>.json)")
     add("--table", help="rendered table (default: the JSON's path with .rst)")
     add("--render-only", action="store_true", help="rebuild the table from the JSON")
-    parser.set_defaults(draws=None, only=None, max_iter=None, merge=None)
+    parser.set_defaults(draws=None, only=None, max_iter=None, merge=None, shard=None)
     if cases:
         add("--draws", type=int, help="label draws of each case (default: its own)")
         add("--only", action="append", help="glob of part/setting/labels (repeat)")
         add("--max-iter", type=int, help="training steps of every fit (quick runs)")
         add("--merge", nargs="+", metavar="JSON", help="join these into --json")
+        add("--shard", metavar="I/N", help="only every Nth run, from the Ith (0-based)")
     return parser
 
 
@@ -218,6 +219,8 @@ def parse(parser, argv=None):
     for name in ("draws", "max_iter"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.shard is not None:
+        args.shard = _shard(parser, args.shard)
     args.json_given = args.json is not None
     if args.json is None:
         device = args.device.split(":")[0]
@@ -227,6 +230,14 @@ def parse(parser, argv=None):
     if args.table is None:
         args.table = str(Path(args.json).with_suffix(".rst"))
     return args
+
+
+def _shard(parser, text):
+    """``"I/N"`` as ``(I, N)`` with ``0 <= I < N``, else a usage error."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        parser.error(f"--shard takes I/N with 0 <= I < N, e.g. 0/4, not {text!r}")
+    return int(index), int(count)
 
 
 def scaled_schedule(params, max_iter):
@@ -320,6 +331,10 @@ def main(cases, args, fit, render, load_data, common=None):
     common = dict(common or {})
     rows, jobs = plan(cases, args, device.type, common)
     jobs = list(jobs.items())
+    if args.shard:
+        # One process per GPU, each its own --json, joined by --merge.
+        index, count = args.shard
+        jobs = jobs[index::count]
     results["meta"].update(environment(device))
     results["meta"]["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     results["rows"] = merge_rows(results["rows"], rows, prefer_new=True)

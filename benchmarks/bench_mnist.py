@@ -32,6 +32,8 @@ SELECTION_DRAWS = 10
 #: Steps between test-set evaluations of the "checkpoints" part.
 CHECKPOINT_INTERVAL = 500
 SUBSET_SEED = 12345  # of the --train-subset draw
+MNIST_CLASSES = 10
+PRIOR_SAMPLE_SEED = 6789  # of the training labels that estimate class_prior
 PCA_COMPONENTS = 50
 LABEL_SPREADING = {"kernel": "knn", "n_neighbors": 10, "alpha": 0.2, "max_iter": 30}
 SELF_TRAINING = {"threshold": 0.75, "max_iter": 10}
@@ -133,6 +135,7 @@ def _cases():
             yield h.Case("recipes", r, n, recipe_params(r), 40, f'recipe "{r}"', pub)
     balanced = "recipes", "balanced", "100", recipe_params("balanced"), 20
     yield h.Case(*balanced, 'recipe "balanced"')
+    yield from _prior_cases()
     yield h.Case("ablations", "paper", "100", paper, 40, title, published["100"])
     for name, overrides in ABLATIONS.items():
         params, draws = _paper(**overrides), ABLATION_DRAWS.get(name, 10)
@@ -158,6 +161,27 @@ def _cases():
         for d in range(5):
             row = "seeds", f"{r}-draw{d}", "100", recipe_params(r), 3
             yield h.Case(*row, f'recipe "{r}", label draw {d}', label_draw=d)
+
+
+def _prior_cases():
+    """Recipes given ``class_prior``: the frequencies of every training label
+    (a "recipes" row), or of a random sample of them (how close they must be)."""
+    title = 'recipe "{}", class_prior: {}'
+    every = {"class_prior": "training labels"}
+    params = recipe_params("balanced")
+    name = title.format("balanced", "frequencies of every training label")
+    row = "recipes", "balanced+class_prior", "100", params, 20, name
+    yield h.Case(*row, options=every)
+    for recipe in ("balanced", "consistency"):
+        params = recipe_params(recipe)
+        yield h.Case("prior", recipe, "100", params, 10, f'recipe "{recipe}"')
+        name = title.format(recipe, "frequencies of every training label")
+        row = "prior", f"{recipe}+training labels", "100", params, 10, name
+        yield h.Case(*row, options=every)
+    for n in (1_000, 5_000):
+        name = title.format("balanced", f"frequencies of {n:,} random training labels")
+        row = "prior", f"balanced+{n} labels", "100", recipe_params("balanced"), 10
+        yield h.Case(*row, name, options={"class_prior": n})
 
 
 CASES = list(_cases())
@@ -209,6 +233,16 @@ def training_set(fit_on, x_train, y_semi):
     raise ValueError(f"unknown training set {fit_on!r}")
 
 
+def class_frequencies(source, y_train, label_seed):
+    """``class_prior`` of a run: the class frequencies of every training label
+    (``source="training labels"``), or of ``source`` random ones."""
+    if source != "training labels":
+        rng = np.random.default_rng([PRIOR_SAMPLE_SEED, label_seed])
+        y_train = y_train[rng.choice(len(y_train), source, replace=False)]
+    counts = np.bincount(y_train, minlength=MNIST_CLASSES)
+    return counts / counts.sum()
+
+
 def fit(config, data, device):
     """Train and evaluate one run of ``config``; return its measurements."""
     per_class, seed = LABELS_PER_CLASS[config["labels"]], config["label_seed"]
@@ -225,7 +259,12 @@ def fit(config, data, device):
             # cuDNN's choice of kernels happen in a short fit before it.
             warm_up = {**config["params"], "max_iter": 10, "lr_warmup_steps": 0}
             h.fit_estimator(warm_up, x_fit, y_fit, *test, device)
-        fitted = h.fit_estimator(config["params"], x_fit, y_fit, *test, device, tracked)
+        params = config["params"]
+        if "class_prior" in config:
+            prior = class_frequencies(config["class_prior"], data.y_train, seed)
+            params = {**params, "class_prior": prior}
+            out["class_prior"] = prior.tolist()
+        fitted = h.fit_estimator(params, x_fit, y_fit, *test, device, tracked)
         return {**out, **fitted}
     from sklearn.linear_model import LogisticRegression
     from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
@@ -323,6 +362,7 @@ PARTS = {
     "visit": "Effect of the visit loss, MNIST 1000 labels",
     "baselines": "Baselines on the same label draws",
     "recipes": "Recipes",
+    "prior": "Class frequencies given as class_prior, MNIST 100 labels",
     "ablations": 'Ablations on top of recipe "paper", MNIST 100 labels',
     "checkpoints": "Last checkpoint against the lowest error during training",
     "time": "Time to accuracy, MNIST 100 labels",

@@ -35,7 +35,9 @@ def mnist_rows(path=h.RESULTS_DIR / "mnist_cuda.json"):
         error = statistics.median(run["test_error_percent"] for run in runs)
         seconds = statistics.median(run["fit_seconds"] for run in runs)
         paper = row["paper"] and f"{100 - float(row['paper'].split()[0]):.2f} (paper)"
-        name = f'MNIST, 100 labels, recipe "{row["setting"]}"'
+        recipe, _, given = row["setting"].partition("+")
+        name = f'MNIST, 100 labels, recipe "{recipe}"'
+        name += f", {given} given" if given else ""
         cells.append([name, f"{100 - error:.2f}", paper, f"{seconds:.0f} (GPU)"])
     return cells
 

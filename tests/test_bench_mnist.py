@@ -154,6 +154,27 @@ def test_runs_in_separate_files_merge_into_one_table(
     assert "fast         15     2" in table and "visit2       15     2" in table
 
 
+def test_shards_split_the_runs_and_merge_into_one_table(
+    bench, tmp_path, torch_single_thread
+):
+    calls = []
+    main = _tiny(bench, calls)
+    parts = []
+    for shard in ("0/2", "1/2"):
+        path = tmp_path / f"{len(parts)}.json"
+        main(["--device=cpu", "--only", "t/*", "--shard", shard, f"--json={path}"])
+        parts.append(path)
+    # Four runs of two rows, alternately in the two files, none twice.
+    assert sorted(calls) == [0, 0, 1, 1]
+    keys = [set(json.loads(p.read_text())["runs"]) for p in parts]
+    assert keys == [{"t/fast/15/0", "t/visit2/15/0"}, {"t/fast/15/1", "t/visit2/15/1"}]
+    merged = tmp_path / "all.json"
+    main(["--merge", *map(str, parts), f"--json={merged}"])
+    assert len(json.loads(merged.read_text())["runs"]) == 4
+    table = (tmp_path / "all.rst").read_text()
+    assert "fast         15     2" in table and "visit2       15     2" in table
+
+
 def test_parser(bench):
     harness = bench("_harness")
     parser = harness.make_parser("x", "stem")
@@ -163,7 +184,11 @@ def test_parser(bench):
     assert args.draws is None
     args = harness.parse(parser, ["--device=cuda:1", "--only", "a*"])
     assert args.json.endswith("stem_cuda.json") and args.only == ["a*"]
-    for bad in (["--draws", "0"], ["--max-iter", "0"]):
+    assert args.shard is None
+    assert harness.parse(parser, ["--shard", "2/4"]).shard == (2, 4)
+    bad_values = [["--draws", "0"], ["--max-iter", "0"]]
+    bad_values += [["--shard", s] for s in ("4/4", "1", "a/2", "-1/2", "1/0")]
+    for bad in bad_values:
         with pytest.raises(SystemExit):
             harness.parse(parser, bad)
 
@@ -215,6 +240,24 @@ def test_cases_are_valid_parameter_sets(bench):
     assert improved == recipe_params("improved")
     consistency = {**paper, **ablations["+labeled augmentation+visit1.5+consistency"]}
     assert consistency == recipe_params("consistency")
+
+
+def test_class_frequencies(bench):
+    mnist = bench("bench_mnist")
+    y_train = np.repeat(np.arange(10), np.arange(1, 11) * 100)
+    every = mnist.class_frequencies("training labels", y_train, label_seed=0)
+    np.testing.assert_allclose(every, np.arange(1, 11) / 55)
+    # A random sample: frequencies of its labels, one sample per label seed.
+    sample = mnist.class_frequencies(1000, y_train, label_seed=0)
+    assert sample.shape == (10,) and sample.sum() == pytest.approx(1.0)
+    assert np.allclose(sample * 1000, np.round(sample * 1000))
+    assert not np.array_equal(sample, every)
+    np.testing.assert_array_equal(
+        sample, mnist.class_frequencies(1000, y_train, label_seed=0)
+    )
+    assert not np.array_equal(
+        sample, mnist.class_frequencies(1000, y_train, label_seed=1)
+    )
 
 
 def test_training_sets(bench):
@@ -280,6 +323,8 @@ def test_tiny_mnist_run(bench, mnist_dir, tmp_path, torch_single_thread, capsys)
     mnist = bench("bench_mnist")
     out = tmp_path / "m.json"
     only = ["table1/paper/100", "baselines/label_spreading/100", "ablations/as the*"]
+    only.append("recipes/balanced+class_prior/100")
+    sub = ["--train-subset=300", "--eval-subset=100"]
     mnist.main(
         [
             "--device=cpu",
@@ -287,8 +332,7 @@ def test_tiny_mnist_run(bench, mnist_dir, tmp_path, torch_single_thread, capsys)
             *(a for pattern in only for a in ("--only", pattern)),
             "--draws=1",
             "--max-iter=2",
-            "--train-subset=300",
-            "--eval-subset=100",
+            *sub,
             f"--json={out}",
         ]
     )
@@ -297,6 +341,7 @@ def test_tiny_mnist_run(bench, mnist_dir, tmp_path, torch_single_thread, capsys)
     assert sorted(runs) == [
         "ablations/as the authors' code/100/0",
         "baselines/label_spreading/100/0",
+        "recipes/balanced+class_prior/100/0",
         "table1/paper/100/0",
     ]
     assert all(run["status"] == "ok" for run in runs.values())
@@ -304,6 +349,10 @@ def test_tiny_mnist_run(bench, mnist_dir, tmp_path, torch_single_thread, capsys)
     assert authors["n_fit"] == 300 + authors["n_labeled"]
     assert authors["config"]["params"]["max_iter"] == 2
     assert authors["config"]["params"]["lr_decay_steps"] == 1
+    # The class frequencies of the training subset, recorded with the run.
+    y_subset = mnist.Data(mnist.parse_args([f"--data-home={mnist_dir}"] + sub)).y_train
+    given = runs["recipes/balanced+class_prior/100/0"]["class_prior"]
+    np.testing.assert_allclose(given, np.bincount(y_subset, minlength=10) / 300)
     table = (tmp_path / "m.rst").read_text()
     assert "Quick run: max_iter=2" in table and "LabelSpreading" in table
     capsys.readouterr()
