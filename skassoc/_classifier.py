@@ -363,7 +363,8 @@ class SemiSupervisedAssociationClassifier(
         changes. An array gives the frequencies, one per class in the order
         of :attr:`classes_` (the sorted labels; positive; rescaled to sum
         1): predictions weigh by them, the visit loss's walks start at each
-        class in proportion to them, and the balance loss aims at them.
+        class in proportion to them, and the balance loss aims at them (with
+        ``"auto"`` and ``"uniform"`` it aims at the labels' class shares).
         ``class_weight`` tilts the classification loss on top of this. Like
         every parameter, a new value takes effect at the next ``fit``. The
         validation scores measured during training (see

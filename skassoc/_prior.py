@@ -72,6 +72,9 @@ def check_class_prior(class_prior, n_classes):
         )
     if np.ma.isMaskedArray(class_prior):
         raise ValueError("class_prior must not be a masked array.")
+    if callable(getattr(class_prior, "detach", None)):
+        # A torch tensor that requires grad refuses numpy's conversion.
+        class_prior = class_prior.detach().cpu()
     values = np.asarray(class_prior)
     if values.ndim != 1 or len(values) != n_classes or values.dtype.kind not in "iuf":
         raise ValueError(

@@ -298,6 +298,13 @@ def test_huge_frequencies_are_rescaled_without_overflow():
     np.testing.assert_array_equal(check_class_prior((3, 1), 2), [0.75, 0.25])
 
 
+def test_tensors_are_read_even_when_they_require_grad():
+    from skassoc._prior import check_class_prior
+
+    given = torch.tensor([3.0, 1.0], requires_grad=True)
+    np.testing.assert_array_equal(check_class_prior(given, 2), [0.75, 0.25])
+
+
 def test_a_class_the_network_never_predicts_keeps_a_small_frequency():
     proba = np.zeros((100, 3))
     proba[:, 0], proba[:, 1] = 0.7, 0.3
