@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -220,7 +221,7 @@ def parse(parser, argv=None):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.shard is not None:
-        args.shard = _shard(parser, args.shard)
+        args.shard = _shard(parser, args)
     args.json_given = args.json is not None
     if args.json is None:
         device = args.device.split(":")[0]
@@ -232,12 +233,17 @@ def parse(parser, argv=None):
     return args
 
 
-def _shard(parser, text):
-    """``"I/N"`` as ``(I, N)`` with ``0 <= I < N``, else a usage error."""
-    index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-        parser.error(f"--shard takes I/N with 0 <= I < N, e.g. 0/4, not {text!r}")
-    return int(index), int(count)
+def _shard(parser, args):
+    """``--shard I/N`` as ``(I, N)`` with ``0 <= I < N``, else a usage error."""
+    match = re.fullmatch(r"(\d+)/(\d+)", args.shard, re.ASCII)
+    if not match or int(match[1]) >= int(match[2]):
+        parser.error(f"--shard takes I/N with 0 <= I < N, e.g. 0/4, not {args.shard!r}")
+    if args.json is None:
+        # Shards writing one file at once would overwrite each other's runs.
+        parser.error("--shard needs its own --json file (join them with --merge)")
+    if args.merge or args.render_only:
+        parser.error("--shard runs cases; it does not go with --merge or --render-only")
+    return int(match[1]), int(match[2])
 
 
 def scaled_schedule(params, max_iter):

@@ -33,7 +33,9 @@ SELECTION_DRAWS = 10
 CHECKPOINT_INTERVAL = 500
 SUBSET_SEED = 12345  # of the --train-subset draw
 MNIST_CLASSES = 10
-PRIOR_SAMPLE_SEED = 6789  # of the training labels that estimate class_prior
+#: Seed of the training labels that estimate class_prior (not in the runs'
+#: configurations: a new seed needs new rows, or resuming keeps the old runs).
+PRIOR_SAMPLE_SEED = 6789
 PCA_COMPONENTS = 50
 LABEL_SPREADING = {"kernel": "knn", "n_neighbors": 10, "alpha": 0.2, "max_iter": 30}
 SELF_TRAINING = {"threshold": 0.75, "max_iter": 10}
@@ -157,6 +159,12 @@ def _cases():
             title += f", learning_rate={params['learning_rate']:g}"
         row = "time", setting, "100", params, draws, title
         yield h.Case(*row, options={"warm_up": True})
+    weight = recipe_params("balanced")["balance_weight"]
+    balanced = {**fast, "balance_weight": weight}
+    title = f'recipe "fast", {fast["max_iter"]:,} steps, balance_weight={weight:g}'
+    title += ", class_prior given"
+    row = "time", "fast-2000-balance+class_prior", "100", balanced, 10, title
+    yield h.Case(*row, options={"warm_up": True, "class_prior": "training labels"})
     for r in ("paper", "improved"):
         for d in range(5):
             row = "seeds", f"{r}-draw{d}", "100", recipe_params(r), 3
@@ -237,6 +245,11 @@ def class_frequencies(source, y_train, label_seed):
     """``class_prior`` of a run: the class frequencies of every training label
     (``source="training labels"``), or of ``source`` random ones."""
     if source != "training labels":
+        if source > len(y_train):
+            raise ValueError(
+                f"class_prior from {source} random training labels needs at least "
+                f"that many; the training set has {len(y_train)} (--train-subset)."
+            )
         rng = np.random.default_rng([PRIOR_SAMPLE_SEED, label_seed])
         y_train = y_train[rng.choice(len(y_train), source, replace=False)]
     counts = np.bincount(y_train, minlength=MNIST_CLASSES)
@@ -254,16 +267,16 @@ def fit(config, data, device):
         x_fit, y_fit = training_set(config["fit_on"], data.x_train, y_semi)
         out["n_fit"] = len(y_fit)
         test, tracked = (data.x_test, data.y_test), config.get("track_test_error")
-        if config.get("warm_up"):
-            # Timed as a fit after the first of its process: compiling and
-            # cuDNN's choice of kernels happen in a short fit before it.
-            warm_up = {**config["params"], "max_iter": 10, "lr_warmup_steps": 0}
-            h.fit_estimator(warm_up, x_fit, y_fit, *test, device)
         params = config["params"]
         if "class_prior" in config:
             prior = class_frequencies(config["class_prior"], data.y_train, seed)
             params = {**params, "class_prior": prior}
             out["class_prior"] = prior.tolist()
+        if config.get("warm_up"):
+            # Timed as a fit after the first of its process: compiling and
+            # cuDNN's choice of kernels happen in a short fit before it.
+            warm_up = {**params, "max_iter": 10, "lr_warmup_steps": 0}
+            h.fit_estimator(warm_up, x_fit, y_fit, *test, device)
         fitted = h.fit_estimator(params, x_fit, y_fit, *test, device, tracked)
         return {**out, **fitted}
     from sklearn.linear_model import LogisticRegression
@@ -306,6 +319,8 @@ RECIPE_COLUMNS += [f'Draws {SELECTION_DRAWS}+ better than "paper"']
 RECIPE_HEADER = h.TABLE_HEADER[:AT] + RECIPE_COLUMNS + h.TABLE_HEADER[AT:]
 ABLATION_COLUMNS = ['"paper", same draws', 'Draws below "paper"']
 ABLATION_HEADER = h.TABLE_HEADER[:AT] + ABLATION_COLUMNS + h.TABLE_HEADER[AT:]
+PRIOR_COLUMNS = ["Without class_prior, same draws", "Draws below it"]
+PRIOR_HEADER = h.TABLE_HEADER[:AT] + PRIOR_COLUMNS + h.TABLE_HEADER[AT:]
 CHECKPOINT_HEADER = ["Setting", "Labels", "Runs", "Last: median", "Last: min-max"]
 CHECKPOINT_HEADER += ["Lowest: median", "Lowest: min-max", "Step of lowest (median)"]
 CHECKPOINT_HEADER += ["Paper"]
@@ -340,6 +355,20 @@ def ablation_cells(rows, runs):
     return cells
 
 
+def prior_cells(rows, runs):
+    """Common columns, and each row given class_prior against its recipe
+    without it (the row named by the recipe alone) on the row's own draws."""
+    cells = h.table_cells(rows, runs)
+    by_setting = {row["setting"]: errors_by_draw(row, runs) for row in rows}
+    for row, row_cells in zip(rows, cells, strict=True):
+        recipe, given, _ = row["setting"].partition("+")
+        without = by_setting.get(recipe, {}) if given else {}
+        paired, below = draws_below(errors_by_draw(row, runs), without)
+        against = [h.median_cell([without[d] for d in paired]), below]
+        row_cells[AT:AT] = against if paired else ["", ""]
+    return cells
+
+
 def checkpoint_cells(rows, runs):
     """Last checkpoint and lowest error during training."""
     cells = []
@@ -371,6 +400,7 @@ PARTS = {
 COLUMNS = {
     "recipes": (RECIPE_HEADER, recipe_cells),
     "ablations": (ABLATION_HEADER, ablation_cells),
+    "prior": (PRIOR_HEADER, prior_cells),
     "checkpoints": (CHECKPOINT_HEADER, checkpoint_cells),
 }
 

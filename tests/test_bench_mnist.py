@@ -162,7 +162,7 @@ def test_shards_split_the_runs_and_merge_into_one_table(
     parts = []
     for shard in ("0/2", "1/2"):
         path = tmp_path / f"{len(parts)}.json"
-        main(["--device=cpu", "--only", "t/*", "--shard", shard, f"--json={path}"])
+        main(["--device=cpu", "--only", "t/*", f"--shard={shard}", f"--json={path}"])
         parts.append(path)
     # Four runs of two rows, alternately in the two files, none twice.
     assert sorted(calls) == [0, 0, 1, 1]
@@ -185,9 +185,14 @@ def test_parser(bench):
     args = harness.parse(parser, ["--device=cuda:1", "--only", "a*"])
     assert args.json.endswith("stem_cuda.json") and args.only == ["a*"]
     assert args.shard is None
-    assert harness.parse(parser, ["--shard", "2/4"]).shard == (2, 4)
+    assert harness.parse(parser, ["--shard=2/4", "--json=a.json"]).shard == (2, 4)
     bad_values = [["--draws", "0"], ["--max-iter", "0"]]
-    bad_values += [["--shard", s] for s in ("4/4", "1", "a/2", "-1/2", "1/0")]
+    for shard in ("4/4", "1", "a/2", "-1/2", "1/0", "\u00b2/4"):
+        bad_values.append([f"--shard={shard}", "--json=a.json"])
+    # Shards need files of their own, and only run cases.
+    bad_values.append(["--shard=0/2"])
+    bad_values.append(["--shard=0/2", "--json=a.json", "--merge", "b.json"])
+    bad_values.append(["--shard=0/2", "--json=a.json", "--render-only"])
     for bad in bad_values:
         with pytest.raises(SystemExit):
             harness.parse(parser, bad)
@@ -258,6 +263,10 @@ def test_class_frequencies(bench):
     assert not np.array_equal(
         sample, mnist.class_frequencies(1000, y_train, label_seed=1)
     )
+    # Drawn without replacement: a sample of every label is the exact count.
+    np.testing.assert_allclose(mnist.class_frequencies(5500, y_train, 0), every)
+    with pytest.raises(ValueError, match="5501 random training labels"):
+        mnist.class_frequencies(5501, y_train, label_seed=0)
 
 
 def test_training_sets(bench):
@@ -319,8 +328,18 @@ def test_tables_set_rows_against_paper_on_their_own_draws(bench):
     assert cells[1][2] == "4"
 
 
-def test_tiny_mnist_run(bench, mnist_dir, tmp_path, torch_single_thread, capsys):
+def test_tiny_mnist_run(
+    bench, mnist_dir, tmp_path, torch_single_thread, capsys, monkeypatch
+):
     mnist = bench("bench_mnist")
+    fitted_params = {}
+    fit_estimator = mnist.h.fit_estimator
+
+    def recording_fit(params, *args, **kwargs):
+        fitted_params[params["max_iter"], params.get("balance_weight", 0.0)] = params
+        return fit_estimator(params, *args, **kwargs)
+
+    monkeypatch.setattr(mnist.h, "fit_estimator", recording_fit)
     out = tmp_path / "m.json"
     only = ["table1/paper/100", "baselines/label_spreading/100", "ablations/as the*"]
     only.append("recipes/balanced+class_prior/100")
@@ -353,6 +372,10 @@ def test_tiny_mnist_run(bench, mnist_dir, tmp_path, torch_single_thread, capsys)
     y_subset = mnist.Data(mnist.parse_args([f"--data-home={mnist_dir}"] + sub)).y_train
     given = runs["recipes/balanced+class_prior/100/0"]["class_prior"]
     np.testing.assert_allclose(given, np.bincount(y_subset, minlength=10) / 300)
+    # ... and the estimator was given them; the other runs keep "uniform".
+    balanced = fitted_params[2, recipe_params("balanced")["balance_weight"]]
+    np.testing.assert_array_equal(balanced["class_prior"], given)
+    assert fitted_params[2, 0.0]["class_prior"] == "uniform"
     table = (tmp_path / "m.rst").read_text()
     assert "Quick run: max_iter=2" in table and "LabelSpreading" in table
     capsys.readouterr()
