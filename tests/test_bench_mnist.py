@@ -133,44 +133,38 @@ def test_tiny_run_resumes_filters_and_renders(
     capsys.readouterr()
 
 
+FAST_RUNS = {"t/fast/15/0", "t/fast/15/1"}
+VISIT2_RUNS = {"t/visit2/15/0", "t/visit2/15/1"}
+
+
+@pytest.mark.parametrize(
+    "split, expected",
+    [
+        # One row a file, picked with --only.
+        ([["--only", "t/fast*"], ["--only", "t/visit2*"]], [FAST_RUNS, VISIT2_RUNS]),
+        # Every other run a file, dealt out with --shard.
+        (
+            [["--only", "t/*", "--shard=0/2"], ["--only", "t/*", "--shard=1/2"]],
+            [{"t/fast/15/0", "t/visit2/15/0"}, {"t/fast/15/1", "t/visit2/15/1"}],
+        ),
+    ],
+)
 def test_runs_in_separate_files_merge_into_one_table(
-    bench, tmp_path, torch_single_thread
+    bench, tmp_path, torch_single_thread, split, expected
 ):
     calls = []
     main = _tiny(bench, calls)
     parts = []
-    for pattern in ("t/fast*", "t/visit2*"):
+    for options in split:
         path = tmp_path / f"{len(parts)}.json"
-        main(["--device=cpu", "--only", pattern, f"--json={path}"])
+        main(["--device=cpu", *options, f"--json={path}"])
         parts.append(path)
     assert sorted(calls) == [0, 0, 1, 1]  # four runs, each in one file
-    keys = [set(json.loads(p.read_text())["runs"]) for p in parts]
-    assert not keys[0] & keys[1]
+    assert [set(json.loads(p.read_text())["runs"]) for p in parts] == expected
     merged = tmp_path / "all.json"
     main(["--merge", *map(str, parts), f"--json={merged}"])
     results = json.loads(merged.read_text())
     assert len(results["runs"]) == 4 and len(results["meta"]["shards"]) == 2
-    table = (tmp_path / "all.rst").read_text()
-    assert "fast         15     2" in table and "visit2       15     2" in table
-
-
-def test_shards_split_the_runs_and_merge_into_one_table(
-    bench, tmp_path, torch_single_thread
-):
-    calls = []
-    main = _tiny(bench, calls)
-    parts = []
-    for shard in ("0/2", "1/2"):
-        path = tmp_path / f"{len(parts)}.json"
-        main(["--device=cpu", "--only", "t/*", f"--shard={shard}", f"--json={path}"])
-        parts.append(path)
-    # Four runs of two rows, alternately in the two files, none twice.
-    assert sorted(calls) == [0, 0, 1, 1]
-    keys = [set(json.loads(p.read_text())["runs"]) for p in parts]
-    assert keys == [{"t/fast/15/0", "t/visit2/15/0"}, {"t/fast/15/1", "t/visit2/15/1"}]
-    merged = tmp_path / "all.json"
-    main(["--merge", *map(str, parts), f"--json={merged}"])
-    assert len(json.loads(merged.read_text())["runs"]) == 4
     table = (tmp_path / "all.rst").read_text()
     assert "fast         15     2" in table and "visit2       15     2" in table
 
