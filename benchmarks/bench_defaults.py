@@ -7,8 +7,11 @@ minute::
 
     python benchmarks/bench_defaults.py --device cpu  # or cuda
     python benchmarks/bench_defaults.py --device cpu --only digits --labels 5 \\
-        --methods skassoc label-spreading
+        --draws 5 --methods skassoc label-spreading
     python benchmarks/bench_defaults.py --device cpu --render-only
+
+Runs split over processes or machines write one ``--json`` file each (and
+name their machine with ``--machine``); ``--merge`` joins them.
 
 ``--methods skassoc-given-prior`` adds the runs of a table of their own:
 skassoc given the class frequencies (see GIVEN_PRIOR).
@@ -44,7 +47,7 @@ from skassoc.datasets import make_semi_supervised_labels, make_synthetic_digits
 #: The shared data folder (``../shared/data`` from the repository's root).
 DATA = Path(os.environ.get("SKASSOC_SHARED_DATA", h.REPO_ROOT.parent / "shared/data"))
 #: Label draws (and network seeds) of the reported runs.
-DRAWS = 5
+DRAWS = 10
 #: Label draws on which LabelSpreading's grid is chosen, never reported.
 TUNING_DRAWS = (1000, 1001)
 SPREADING_GRID = [
@@ -187,7 +190,7 @@ def run_one(name, data, labels, method, draw, spreading, args):
     run = dict(dataset=name, labels=labels, method=method, draw=draw)
     run["accuracy"] = float(model.score(X_test, y_test))
     run.update(fit_seconds=round(seconds, 3), n_train=len(y))
-    run.update(n_labeled=int((y_semi != -1).sum()), machine=platform.node())
+    run.update(n_labeled=int((y_semi != -1).sum()), machine=args.machine)
     if method == "label-spreading":
         run["params"] = spreading
     if method.startswith("skassoc"):
@@ -202,8 +205,10 @@ def run_suite(args):
     results = h.load_json(args.json) if Path(args.json).is_file() else {}
     results.update(device=args.device, torch_threads=torch.get_num_threads())
     results["torch"] = torch.__version__
+    machines = results.setdefault("machines", {})
+    machines.setdefault(args.machine, h.device_description(torch.device(args.device)))
     runs = results.setdefault("runs", [])
-    done = {(r["dataset"], r["labels"], r["method"], r["draw"]) for r in runs}
+    done = set(map(run_key, runs))
     for name in (name for name in DATASETS if name in (args.only or DATASETS)):
         try:
             data = load(name, args.device)
@@ -223,6 +228,37 @@ def run_suite(args):
             print(json.dumps(runs[-1]), flush=True)
             h.write_text(args.json, json.dumps(results, indent=1) + "\n")
     return runs
+
+
+def run_key(run):
+    """What names a run: its data set, labels per class, method and draw."""
+    return run["dataset"], run["labels"], run["method"], run["draw"]
+
+
+def merge(paths):
+    """One results dict of several files' runs, each run once, and of their
+    machines (the other entries from the first file).
+
+    Raises
+    ------
+    ValueError
+        If two files hold one run with different accuracies (results of
+        different code, which must not be mixed in one table).
+    """
+    merged, machines = {}, {}
+    results = h.load_json(paths[0])
+    for path in paths:
+        file = h.load_json(path)
+        machines.update(file.get("machines", {}))
+        for run in file["runs"]:
+            old = merged.setdefault(run_key(run), run)
+            if old["accuracy"] != run["accuracy"]:
+                raise ValueError(
+                    f"{path} and an earlier file disagree on run {run_key(run)} "
+                    f"(accuracy {run['accuracy']} against {old['accuracy']}); "
+                    "merge only runs of the same code."
+                )
+    return {**results, "machines": machines, "runs": list(merged.values())}
 
 
 def summarise(runs):
@@ -246,7 +282,8 @@ def _grid(table, methods):
         cells = {m: cell for m, cell in table[dataset, labels].items() if m in methods}
         if not cells:
             continue
-        best = max(median for median, _, _ in cells.values())
+        # Compared as shown: equal medians of a small test set are ties.
+        best = max(round(100 * median, 1) for median, _, _ in cells.values())
         rows.append([dataset, str(labels)])
         for method in methods:
             if method not in cells:
@@ -254,7 +291,7 @@ def _grid(table, methods):
                 continue
             median, worst, seconds = cells[method]
             text = f"{100 * median:.1f} ({100 * worst:.1f}) {seconds:.1f}s"
-            rows[-1].append(f"**{text}**" if median == best else text)
+            rows[-1].append(f"**{text}**" if round(100 * median, 1) == best else text)
     return h.rst_table(["data set", "labels/class", *methods], rows, False, " ")
 
 
@@ -274,21 +311,66 @@ benchmarks/bench_defaults.py --device {device} --methods {GIVEN_PRIOR}
 {_grid(both, ("skassoc", GIVEN_PRIOR))}"""
 
 
+def _behind_grid(runs, table):
+    """The rows where another method has a higher median than skassoc, with
+    how often each of the two was ahead on the same label draw."""
+    accuracy = {run_key(r): r["accuracy"] for r in runs}
+    rows = []
+    for dataset, labels in sorted(table, key=lambda k: (DATASETS.index(k[0]), k[1])):
+        cells = {m: c for m, c in table[dataset, labels].items() if m in METHODS}
+        if "skassoc" not in cells:
+            continue
+        best = max(cells, key=lambda m: round(100 * cells[m][0], 1))
+        if round(100 * cells[best][0], 1) == round(100 * cells["skassoc"][0], 1):
+            continue
+        pairs = [
+            (a, accuracy.get((dataset, labels, best, draw)))
+            for (d, n, m, draw), a in accuracy.items()
+            if (d, n, m) == (dataset, labels, "skassoc")
+        ]
+        signs = Counter(np.sign(a - b) for a, b in pairs if b is not None)
+        rows.append(
+            [dataset, labels, best, f"{100 * cells[best][0]:.1f}"]
+            + [f"{100 * cells['skassoc'][0]:.1f}"]
+            + [f"{signs[1]} / {signs[0]} / {signs[-1]}"]
+        )
+    if not rows:
+        return ""
+    header = ["data set", "labels/class", "higher median", "its median"]
+    header += ["skassoc's", "draws skassoc ahead / level / behind"]
+    return f"""
+
+The rows where another method's median is higher than skassoc's, and on
+how many of the same label draws skassoc was ahead of it, level and behind:
+
+{h.rst_table(header, rows, False, " ")}"""
+
+
+def _draws_text(runs):
+    """How many label draws the cells have: the most, then the cells with fewer."""
+    draws = Counter((r["dataset"], r["labels"], r["method"]) for r in runs)
+    most = max(draws.values())
+    fewer = [f"{m}, {d} {n}: {k}" for (d, n, m), k in sorted(draws.items()) if k < most]
+    fewer = f" Cells with fewer draws: {'; '.join(fewer)}." if fewer else ""
+    return most, fewer
+
+
 def render(runs, device):
     """Every method's cells, the best median of a row in bold."""
     table = summarise(runs)
     grid = _grid(table, METHODS)
     machines = Counter(run.get("machine", "?") for run in runs)
     per_machine = ", ".join(f"{name}: {n}" for name, n in sorted(machines.items()))
+    draws, fewer = _draws_text(runs)
     return f"""\
 .. rubric:: Default parameters on {"one GPU" if device == "cuda" else "a CPU"}
 
-Median test accuracy in % over the label draws (worst draw in
+Median test accuracy in % over {draws} label draws (worst draw in
 parentheses) and median fit seconds, one torch thread; the best
 median of each row in bold. Made by ``python benchmarks/bench_defaults.py
---device {device}``.
+--device {device}``.{fewer}
 
-{grid}{_given_prior_grid(table, device)}
+{grid}{_behind_grid(runs, table)}{_given_prior_grid(table, device)}
 
 Runs per machine (fit seconds compare within one machine only): {per_machine}."""
 
@@ -300,10 +382,20 @@ def main(argv=None):
     add("--only", nargs="*", help="data sets to run (names)")
     add("--labels", type=int, nargs="*", default=[5, 10], help="labels per class")
     add("--methods", nargs="*", choices=(*METHODS, GIVEN_PRIOR))
+    add("--machine", default=platform.node(), help="name of this machine in the runs")
+    add("--merge", nargs="+", metavar="JSON", help="join these runs into --json")
     args = h.parse(parser, argv)
-    if not args.render_only:
+    if args.merge:
+        if args.device == "auto":
+            parser.error("--merge needs --device (cpu or cuda): it names the table")
+        results = merge(args.merge)
+        h.write_text(args.json, json.dumps(results, indent=1) + "\n")
+        runs = results["runs"]
+    elif args.render_only:
+        runs = h.load_json(args.json)["runs"]
+    else:
         args.device = str(h.resolve_device(args.device))
-    runs = h.load_json(args.json)["runs"] if args.render_only else run_suite(args)
+        runs = run_suite(args)
     h.write_table(args, render(runs, args.device.split(":")[0]))
 
 

@@ -36,6 +36,8 @@ def bench(monkeypatch):
         ("bench_speed", ["--device=cpu"], "speed_cpu"),
         ("bench_scale", ["--device=cuda"], "scale_cuda"),
         ("bench_domain_adaptation", ["--device=cuda"], "domain_adaptation_cuda"),
+        ("bench_defaults", ["--device=cpu"], "defaults_cpu"),
+        ("bench_defaults", ["--device=cuda"], "defaults_cuda"),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
@@ -61,6 +63,77 @@ def test_domain_adaptation_cases_would_resume_the_committed_runs(bench):
         assert all(runs[key]["signature"] == signature for key in job["keys"])
     known = set(SemiSupervisedAssociationClassifier().get_params())
     assert all(set(case.params) <= known for case in da.CASES)
+
+
+def test_bench_defaults_runs_resume_and_merge(bench, tmp_path, capsys):
+    """Runs split over processes (one --json each) join into one table."""
+    script = bench("bench_defaults")
+    common = ["--device=cpu", "--only", "wine", "--labels", "5"]
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    script.main([*common, "--methods", "mlp-labeled", "--draws=2", f"--json={first}"])
+    script.main(
+        [*common, "--methods", "label-spreading", "--draws=1", "--machine=other"]
+        + [f"--json={second}"]
+    )
+    runs = json.loads(first.read_text())["runs"]
+    assert [(r["method"], r["draw"]) for r in runs] == [
+        ("mlp-labeled", d) for d in (0, 1)
+    ]
+    # Resuming runs only the draws the file lacks.
+    script.main([*common, "--methods", "mlp-labeled", "--draws=3", f"--json={first}"])
+    resumed = json.loads(first.read_text())["runs"]
+    assert resumed[:2] == runs and [r["draw"] for r in resumed] == [0, 1, 2]
+
+    merged = tmp_path / "merged.json"
+    script.main(
+        ["--device=cpu", "--merge", str(first), str(second), str(first)]
+        + [f"--json={merged}"]
+    )
+    results = json.loads(merged.read_text())
+    assert len(results["runs"]) == 4
+    assert results["machines"].keys() == {resumed[0]["machine"], "other"}
+    table = (tmp_path / "merged.rst").read_text()
+    assert "other: 1" in table and "label-spreading" in table
+
+    changed = json.loads(second.read_text())
+    changed["runs"][0].update(method="mlp-labeled", accuracy=-1.0)
+    second.write_text(json.dumps(changed))
+    with pytest.raises(ValueError, match="disagree on run"):
+        script.main(
+            ["--device=cpu", "--merge", str(first), str(second)] + [f"--json={merged}"]
+        )
+    with pytest.raises(SystemExit):
+        script.main(["--merge", str(first), f"--json={merged}"])
+    assert "--merge needs --device" in capsys.readouterr().err
+
+
+def test_bench_defaults_table_names_the_rows_skassoc_loses(bench):
+    script = bench("bench_defaults")
+
+    def runs(dataset, method, accuracies):
+        return [
+            dict(dataset=dataset, labels=5, method=method, draw=draw, accuracy=a)
+            | dict(fit_seconds=1.0, machine="m")
+            for draw, a in enumerate(accuracies)
+        ]
+
+    results = [
+        *runs("wine", "skassoc", [0.90, 0.80, 0.70]),
+        *runs("wine", "label-spreading", [0.95, 0.85, 0.70]),  # ahead: 0/1/2
+        *runs("digits", "skassoc", [0.9, 0.9, 0.9]),
+        *runs("digits", "label-spreading", [0.90001, 0.8, 1.0]),  # a tie as shown
+        *runs("breast-cancer", "skassoc", [0.9, 0.9]),
+        *runs("breast-cancer", "mlp-labeled", [0.8, 0.8]),
+    ]
+    table = script.render(results, "cpu")
+    behind = table.split("level and behind:")[1]
+    assert "wine" in behind and "digits" not in behind and "breast" not in behind
+    assert "label-spreading 85.0       80.0      0 / 1 / 2" in behind
+    assert "over 3 label draws" in table
+    assert "fewer draws: mlp-labeled, breast-cancer 5: 2; skassoc, breast" in table
+    # Equal medians as shown are both bold.
+    digits = next(line for line in table.splitlines() if line.startswith("digits"))
+    assert digits.count("**90.0 (") == 2
 
 
 def test_bench_scale_refuses_too_few_batch_steps(bench, capsys):
