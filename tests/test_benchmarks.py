@@ -10,6 +10,7 @@ import importlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from skassoc import SemiSupervisedAssociationClassifier
@@ -105,6 +106,25 @@ def test_bench_defaults_runs_resume_and_merge(bench, tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(["--merge", str(first), f"--json={merged}"])
     assert "--merge needs --device" in capsys.readouterr().err
+
+
+def test_bench_defaults_variants_set_their_parameter(bench, monkeypatch):
+    script = bench("bench_defaults")
+    fitted = []
+    monkeypatch.setattr(
+        script.SemiSupervisedAssociationClassifier,
+        "fit",
+        lambda model, X, y: fitted.append(model.get_params()) or model,
+    )
+    X, y = np.zeros((4, 2)), np.array([0, 0, 0, 1])
+    y_semi = np.array([0, -1, -1, 1])
+    for method in ("skassoc", *script.VARIANTS):
+        script.fit_method(method, X, y_semi, "cpu", 3, None, y)
+    default, given_prior, no_visit = fitted
+    assert default["visit_weight"] == 1 and default["class_prior"] == "auto"
+    np.testing.assert_allclose(given_prior["class_prior"], [0.75, 0.25])
+    assert no_visit["visit_weight"] == 0 and no_visit["class_prior"] == "auto"
+    assert {p["random_state"] for p in fitted} == {3}
 
 
 def test_bench_defaults_table_names_the_rows_skassoc_loses(bench):
