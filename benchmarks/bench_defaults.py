@@ -248,28 +248,43 @@ def run_key(run):
     return run["dataset"], run["labels"], run["method"], run["draw"]
 
 
-def merge(paths):
-    """One results dict of several files' runs, each run once, and of their
-    machines (the other entries from the first file).
+def merge(paths, device):
+    """Join the runs of several results files of one device.
+
+    Parameters
+    ----------
+    paths : list of path-like
+        Results files; their other entries (torch version, ...) are taken
+        from the first.
+    device : {"cpu", "cuda"}
+        The device every file must have run on.
+
+    Returns
+    -------
+    results : dict
+        The first file's entries, every run once and every file's machines.
 
     Raises
     ------
     ValueError
-        If two files hold one run with different accuracies (results of
-        different code, which must not be mixed in one table).
+        If a file ran on another device, or two files hold one run with
+        different accuracies (a run fitted twice: GPU fits are not
+        bit-reproducible, so which one to keep is not clear).
     """
-    merged, machines = {}, {}
-    results = h.load_json(paths[0])
+    merged, machines, results = {}, {}, None
     for path in paths:
         file = h.load_json(path)
+        if file.get("device", device).split(":")[0] != device:
+            raise ValueError(f"{path} holds runs on {file['device']}, not {device}.")
+        results = results or file
         machines.update(file.get("machines", {}))
         for run in file["runs"]:
             old = merged.setdefault(run_key(run), run)
             if old["accuracy"] != run["accuracy"]:
                 raise ValueError(
                     f"{path} and an earlier file disagree on run {run_key(run)} "
-                    f"(accuracy {run['accuracy']} against {old['accuracy']}); "
-                    "merge only runs of the same code."
+                    f"(accuracy {run['accuracy']} against {old['accuracy']}): "
+                    "a run was fitted twice; keep it in one file only."
                 )
     return {**results, "machines": machines, "runs": list(merged.values())}
 
@@ -309,7 +324,7 @@ def _grid(table, methods):
 
 
 def _variant_grid(table, device, variant):
-    """skassoc with and without ``variant``, on the rows where both ran."""
+    """skassoc, skassoc-labeled and ``variant``, on the rows where it ran."""
     both = {k: v for k, v in table.items() if variant in v and "skassoc" in v}
     if not both:
         return ""
@@ -320,31 +335,31 @@ def _variant_grid(table, device, variant):
 benchmarks/bench_defaults.py --device {device} --methods {variant}
 --only {sets}``:
 
-{_grid(both, ("skassoc", variant))}"""
+{_grid(both, ("skassoc", "skassoc-labeled", variant))}"""
 
 
 def _behind_grid(runs, table):
     """The rows where another method has a higher median than skassoc, with
     how often each of the two was ahead on the same label draw."""
-    accuracy = {run_key(r): r["accuracy"] for r in runs}
+    accuracy = defaultdict(dict)  # (dataset, labels, method) -> draw -> accuracy
+    for run in runs:
+        key = run["dataset"], run["labels"], run["method"]
+        accuracy[key][run["draw"]] = run["accuracy"]
     rows = []
     for dataset, labels in sorted(table, key=lambda k: (DATASETS.index(k[0]), k[1])):
-        cells = {m: c for m, c in table[dataset, labels].items() if m in METHODS}
-        if "skassoc" not in cells:
+        cells = table[dataset, labels]
+        shown = {m: round(100 * cells[m][0], 1) for m in METHODS if m in cells}
+        if "skassoc" not in shown or max(shown.values()) == shown["skassoc"]:
             continue
-        best = max(cells, key=lambda m: round(100 * cells[m][0], 1))
-        if round(100 * cells[best][0], 1) == round(100 * cells["skassoc"][0], 1):
-            continue
-        pairs = [
-            (a, accuracy.get((dataset, labels, best, draw)))
-            for (d, n, m, draw), a in accuracy.items()
-            if (d, n, m) == (dataset, labels, "skassoc")
-        ]
-        signs = Counter(np.sign(a - b) for a, b in pairs if b is not None)
+        best = max(shown, key=shown.get)  # the first of equals in METHODS order
+        ours = accuracy[dataset, labels, "skassoc"]
+        theirs = accuracy[dataset, labels, best]
+        pairs = [(ours[d], theirs[d]) for d in ours if d in theirs]
+        counts = [sum(a > b for a, b in pairs), sum(a == b for a, b in pairs)]
+        counts.append(sum(a < b for a, b in pairs))
         rows.append(
             [dataset, labels, best, f"{100 * cells[best][0]:.1f}"]
-            + [f"{100 * cells['skassoc'][0]:.1f}"]
-            + [f"{signs[1]} / {signs[0]} / {signs[-1]}"]
+            + [f"{100 * cells['skassoc'][0]:.1f}", " / ".join(map(str, counts))]
         )
     if not rows:
         return ""
@@ -359,12 +374,16 @@ how many of the same label draws skassoc was ahead of it, level and behind:
 
 
 def _draws_text(runs):
-    """How many label draws the cells have: the most, then the cells with fewer."""
+    """How many label draws most cells have, and a sentence on the others."""
     draws = Counter((r["dataset"], r["labels"], r["method"]) for r in runs)
-    most = max(draws.values())
-    fewer = [f"{m}, {d} {n}: {k}" for (d, n, m), k in sorted(draws.items()) if k < most]
-    fewer = f" Cells with fewer draws: {'; '.join(fewer)}." if fewer else ""
-    return most, fewer
+    usual = Counter(draws.values()).most_common(1)[0][0] if draws else 0
+    other = [
+        f"{m}, {d}, {n} labels/class: {k}"
+        for (d, n, m), k in sorted(draws.items())
+        if k != usual
+    ]
+    other = f" Cells with other counts of draws: {'; '.join(other)}." if other else ""
+    return usual, other
 
 
 def render(runs, device):
@@ -373,7 +392,7 @@ def render(runs, device):
     grid = _grid(table, METHODS)
     machines = Counter(run.get("machine", "?") for run in runs)
     per_machine = ", ".join(f"{name}: {n}" for name, n in sorted(machines.items()))
-    draws, fewer = _draws_text(runs)
+    draws, other_draws = _draws_text(runs)
     variants = "".join(_variant_grid(table, device, v) for v in VARIANTS)
     return f"""\
 .. rubric:: Default parameters on {"one GPU" if device == "cuda" else "a CPU"}
@@ -381,7 +400,7 @@ def render(runs, device):
 Median test accuracy in % over {draws} label draws (worst draw in
 parentheses) and median fit seconds, one torch thread; the best
 median of each row in bold. Made by ``python benchmarks/bench_defaults.py
---device {device}``.{fewer}
+--device {device}``.{other_draws}
 
 {grid}{_behind_grid(runs, table)}{variants}
 
@@ -396,12 +415,18 @@ def main(argv=None):
     add("--labels", type=int, nargs="*", default=[5, 10], help="labels per class")
     add("--methods", nargs="*", choices=(*METHODS, *VARIANTS))
     add("--machine", default=platform.node(), help="name of this machine in the runs")
-    add("--merge", nargs="+", metavar="JSON", help="join these runs into --json")
+    add("--merge", nargs="+", metavar="JSON", help="write these files' runs to --json")
     args = h.parse(parser, argv)
     if args.merge:
-        if args.device == "auto":
-            parser.error("--merge needs --device (cpu or cuda): it names the table")
-        results = merge(args.merge)
+        if args.device not in ("cpu", "cuda"):
+            parser.error("--merge needs --device cpu or cuda: the files' device")
+        if not args.json_given or args.render_only:
+            parser.error(
+                "--merge writes the runs of its files, and only those, to --json: "
+                "name --json (list it among the files to keep its runs), and "
+                "leave out --render-only"
+            )
+        results = merge(args.merge, args.device)
         h.write_text(args.json, json.dumps(results, indent=1) + "\n")
         runs = results["runs"]
     elif args.render_only:

@@ -8,6 +8,7 @@ files when they are there.
 
 import importlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -103,9 +104,23 @@ def test_bench_defaults_runs_resume_and_merge(bench, tmp_path, capsys):
         script.main(
             ["--device=cpu", "--merge", str(first), str(second)] + [f"--json={merged}"]
         )
-    with pytest.raises(SystemExit):
-        script.main(["--merge", str(first), f"--json={merged}"])
-    assert "--merge needs --device" in capsys.readouterr().err
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"device": "cuda", "runs": []}))
+    with pytest.raises(ValueError, match="holds runs on cuda, not cpu"):
+        script.main(
+            ["--device=cpu", "--merge", str(first), str(gpu), f"--json={merged}"]
+        )
+    capsys.readouterr()
+    refused = [
+        ["--merge", str(first), f"--json={merged}"],  # no device
+        ["--device=cpu", "--merge", str(first)],  # would replace the committed file
+        ["--device=cpu", "--merge", str(first), f"--json={merged}", "--render-only"],
+    ]
+    for argv, message in zip(refused, ["needs --device", "name --json", "leave out"]):
+        with pytest.raises(SystemExit):
+            script.main(argv)
+        assert message in capsys.readouterr().err
+    assert len(json.loads(merged.read_text())["runs"]) == 4
 
 
 def test_bench_defaults_variants_set_their_parameter(bench, monkeypatch):
@@ -140,6 +155,8 @@ def test_bench_defaults_table_names_the_rows_skassoc_loses(bench):
     results = [
         *runs("wine", "skassoc", [0.90, 0.80, 0.70]),
         *runs("wine", "label-spreading", [0.95, 0.85, 0.70]),  # ahead: 0/1/2
+        *runs("pendigits", "skassoc", [0.9, 0.7, 0.8]),
+        *runs("pendigits", "self-training-lr", [0.8, 0.95, 0.85]),  # by draw: 1/0/2
         *runs("digits", "skassoc", [0.9, 0.9, 0.9]),
         *runs("digits", "label-spreading", [0.90001, 0.8, 1.0]),  # a tie as shown
         *runs("breast-cancer", "skassoc", [0.9, 0.9]),
@@ -147,13 +164,20 @@ def test_bench_defaults_table_names_the_rows_skassoc_loses(bench):
     ]
     table = script.render(results, "cpu")
     behind = table.split("level and behind:")[1]
-    assert "wine" in behind and "digits" not in behind and "breast" not in behind
-    assert "label-spreading 85.0       80.0      0 / 1 / 2" in behind
+    assert "\ndigits " not in behind and "breast" not in behind
+    assert re.search(r"\nwine +5 +label-spreading +85.0 +80.0 +0 / 1 / 2\n", behind)
+    assert re.search(
+        r"\npendigits +5 +self-training-lr +85.0 +80.0 +1 / 0 / 2\n", behind
+    )
     assert "over 3 label draws" in table
-    assert "fewer draws: mlp-labeled, breast-cancer 5: 2; skassoc, breast" in table
-    # Equal medians as shown are both bold.
-    digits = next(line for line in table.splitlines() if line.startswith("digits"))
-    assert digits.count("**90.0 (") == 2
+    assert (
+        "other counts of draws: mlp-labeled, breast-cancer, 5 labels/class: 2" in table
+    )
+    # The best median of a row is bold, and equal medians as shown are both bold.
+    lines = {line.split()[0]: line for line in table.splitlines() if "(" in line}
+    assert lines["digits"].count("**90.0 (") == 2
+    assert "**85.0 (70.0)" in lines["wine"] and "**80.0" not in lines["wine"]
+    assert script.render([], "cpu")  # an empty file renders, no crash
 
 
 def test_bench_scale_refuses_too_few_batch_steps(bench, capsys):
