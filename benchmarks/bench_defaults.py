@@ -325,17 +325,17 @@ def _grid(table, methods):
 
 def _variant_grid(table, device, variant):
     """skassoc, skassoc-labeled and ``variant``, on the rows where it ran."""
-    both = {k: v for k, v in table.items() if variant in v and "skassoc" in v}
-    if not both:
+    ran = {k: v for k, v in table.items() if variant in v and "skassoc" in v}
+    if not ran:
         return ""
-    sets = " ".join(dict.fromkeys(dataset for dataset, _ in sorted(both)))
+    sets = " ".join(dict.fromkeys(dataset for dataset, _ in sorted(ran)))
     return f"""
 
 {VARIANTS[variant]}; the same cells. Made by ``python
 benchmarks/bench_defaults.py --device {device} --methods {variant}
 --only {sets}``:
 
-{_grid(both, ("skassoc", "skassoc-labeled", variant))}"""
+{_grid(ran, ("skassoc", "skassoc-labeled", variant))}"""
 
 
 def _behind_grid(runs, table):
