@@ -239,8 +239,13 @@ def run_suite(args):
             runs.append(run_one(name, data, labels, method, draw, tuned, args))
             done.add((name, labels, method, draw))
             print(json.dumps(runs[-1]), flush=True)
-            h.write_text(args.json, json.dumps(results, indent=1) + "\n")
+            save(args.json, results)
     return runs
+
+
+def save(path, results):
+    """Write the results file (a run per few lines, as committed)."""
+    h.write_text(path, json.dumps(results, indent=1) + "\n")
 
 
 def run_key(run):
@@ -303,15 +308,25 @@ def summarise(runs):
     return table
 
 
+def _in_order(table):
+    """The (dataset, labels) rows of ``table`` in the tables' order."""
+    return sorted(table, key=lambda key: (DATASETS.index(key[0]), key[1]))
+
+
+def _shown(median):
+    """A median accuracy in % as the tables show it: medians equal as shown
+    are ties (a small test set's medians differ by fractions of a sample)."""
+    return round(100 * median, 1)
+
+
 def _grid(table, methods):
     """The rst grid of ``methods``' cells, the best median of a row in bold."""
     rows = []
-    for dataset, labels in sorted(table, key=lambda k: (DATASETS.index(k[0]), k[1])):
+    for dataset, labels in _in_order(table):
         cells = {m: cell for m, cell in table[dataset, labels].items() if m in methods}
         if not cells:
             continue
-        # Compared as shown: equal medians of a small test set are ties.
-        best = max(round(100 * median, 1) for median, _, _ in cells.values())
+        best = max(_shown(median) for median, _, _ in cells.values())
         rows.append([dataset, str(labels)])
         for method in methods:
             if method not in cells:
@@ -319,7 +334,7 @@ def _grid(table, methods):
                 continue
             median, worst, seconds = cells[method]
             text = f"{100 * median:.1f} ({100 * worst:.1f}) {seconds:.1f}s"
-            rows[-1].append(f"**{text}**" if round(100 * median, 1) == best else text)
+            rows[-1].append(f"**{text}**" if _shown(median) == best else text)
     return h.rst_table(["data set", "labels/class", *methods], rows, False, " ")
 
 
@@ -346,9 +361,9 @@ def _behind_grid(runs, table):
         key = run["dataset"], run["labels"], run["method"]
         accuracy[key][run["draw"]] = run["accuracy"]
     rows = []
-    for dataset, labels in sorted(table, key=lambda k: (DATASETS.index(k[0]), k[1])):
+    for dataset, labels in _in_order(table):
         cells = table[dataset, labels]
-        shown = {m: round(100 * cells[m][0], 1) for m in METHODS if m in cells}
+        shown = {m: _shown(cells[m][0]) for m in METHODS if m in cells}
         if "skassoc" not in shown or max(shown.values()) == shown["skassoc"]:
             continue
         best = max(shown, key=shown.get)  # the first of equals in METHODS order
@@ -427,7 +442,7 @@ def main(argv=None):
                 "leave out --render-only"
             )
         results = merge(args.merge, args.device)
-        h.write_text(args.json, json.dumps(results, indent=1) + "\n")
+        save(args.json, results)
         runs = results["runs"]
     elif args.render_only:
         runs = h.load_json(args.json)["runs"]
