@@ -10,6 +10,7 @@ and ``runs`` (keyed ``part/setting/labels/draw``, each with its provenance).
 
 import argparse
 import collections
+import contextlib
 import copy
 import dataclasses
 import fnmatch
@@ -18,6 +19,8 @@ import json
 import os
 import platform
 import re
+import secrets
+import stat
 import subprocess
 import sys
 import time
@@ -33,6 +36,14 @@ sys.path.insert(0, str(REPO_ROOT))
 
 #: Confidence of the interval shown around each median.
 MEDIAN_CONFIDENCE = 0.95
+#: Most label draws of a case (``--draws``): far more than any table shows,
+#: few enough to plan; the defaults benchmark tunes on the draws from here
+#: on, never reported.
+MAX_DRAWS = 1000
+#: Images of MNIST's training and test sets.
+MNIST_TRAIN_IMAGES, MNIST_TEST_IMAGES = 60_000, 10_000
+#: Seeds go to NumPy's RandomState, which takes 0 to 2**32 - 1.
+MAX_SEED = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,13 +186,49 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def not_a_regular_file(path):
+    """Why ``path`` must not be written over (it exists and is not a regular
+    file or a link), or None."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return (
+        f"{path} exists and is not a regular file (a directory, FIFO or device); "
+        "the benchmarks write their results only over regular files: name "
+        "another path"
+    )
+
+
 def write_text(path, text):
-    """Write ``text`` atomically (a reader never sees half a file)."""
+    """Write ``text`` whole: to a new file beside ``path``, renamed over it
+    (a reader never sees half a file; a link at ``path`` is replaced, not
+    written through).
+
+    Raises
+    ------
+    ValueError
+        If ``path`` exists and is not a regular file or a link.
+    """
     path = Path(path)
+    problem = not_a_regular_file(path)
+    if problem:
+        raise ValueError(problem)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    # "x": never clobbers another writer's temporary file.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp, "x") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def write_json(path, data):
@@ -190,6 +237,52 @@ def write_json(path, data):
 
 def load_json(path):
     return json.loads(Path(path).read_text())
+
+
+def read_results(path, problem=None):
+    """The JSON object of the results file ``path``; a usage error that names
+    the file and what is wrong with it where it cannot be read, is not a JSON
+    object, or ``problem(data)`` returns what else is wrong with it."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            reason = "it is not a regular file"
+        else:
+            data = json.loads(Path(path).read_text())
+            reason = None if isinstance(data, dict) else "it is not a JSON object"
+    except FileNotFoundError:
+        reason = "it does not exist"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = f"it cannot be read as JSON ({exc})"
+    if reason is None and problem is not None:
+        reason = problem(data)
+    if reason:
+        raise SystemExit(
+            f"error: {path} is not a results file of this script: {reason}"
+        )
+    return data
+
+
+def bounded_int(least, most=None):
+    """An argparse ``type``: an integer from ``least`` to ``most`` (no limit
+    with None), else a usage error that says so."""
+    limits = f"from {least} to {most}" if most is not None else f"{least} or more"
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"takes an integer {limits}, not {text!r}"
+            ) from None
+        if value < least or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"takes an integer {limits}, not {value}")
+        return value
+
+    return parse
+
+
+#: argparse ``type`` of a seed.
+seed_int = bounded_int(0, MAX_SEED)
 
 
 def make_parser(description, stem, cases=True):
@@ -206,9 +299,11 @@ def make_parser(description, stem, cases=True):
     add("--render-only", action="store_true", help="rebuild the table from the JSON")
     parser.set_defaults(draws=None, only=None, max_iter=None, merge=None, shard=None)
     if cases:
-        add("--draws", type=int, help="label draws of each case (default: its own)")
+        draws = bounded_int(1, MAX_DRAWS)
+        add("--draws", type=draws, help="label draws of each case (default: its own)")
         add("--only", action="append", help="glob of part/setting/labels (repeat)")
-        add("--max-iter", type=int, help="training steps of every fit (quick runs)")
+        steps = bounded_int(1)
+        add("--max-iter", type=steps, help="training steps of every fit (quick runs)")
         add("--merge", nargs="+", metavar="JSON", help="join these into --json")
         add("--shard", metavar="I/N", help="only every Nth run, from the Ith (0-based)")
     return parser
@@ -217,12 +312,15 @@ def make_parser(description, stem, cases=True):
 def parse(parser, argv=None):
     """Parse and check the shared options; fill in the default file paths."""
     args = parser.parse_args(argv)
-    for name in ("draws", "max_iter"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.shard is not None:
         args.shard = _shard(parser, args)
     args.json_given = args.json is not None
+    if args.merge and (not args.json_given or args.render_only):
+        parser.error(
+            "--merge writes the runs of its files, and only those, to --json: "
+            "name --json (list it among the files to keep its runs), and "
+            "leave out --render-only"
+        )
     if args.json is None:
         device = args.device.split(":")[0]
         if device == "auto":
@@ -230,7 +328,17 @@ def parse(parser, argv=None):
         args.json = str(RESULTS_DIR / f"{args.stem}_{device}.json")
     if args.table is None:
         args.table = str(Path(args.json).with_suffix(".rst"))
+    check_targets(parser, args.json, args.table)
     return args
+
+
+def check_targets(parser, *paths):
+    """A usage error, before anything runs, where a path the script will
+    write exists and is not a regular file."""
+    for path in paths:
+        problem = not_a_regular_file(path)
+        if problem:
+            parser.error(problem)
 
 
 def _shard(parser, args):
@@ -304,12 +412,54 @@ def merge_rows(rows, new_rows, prefer_new=False):
     return list(merged.values())
 
 
+#: What every table row and every finished run of a results file holds.
+ROW_KEYS = {"part", "setting", "labels", "title", "paper", "draws", "keys"}
+RUN_KEYS = {"key", "test_error_percent", "fit_seconds"}
+
+
+def results_problem(results):
+    """What keeps ``results`` from being a results file of :func:`main`, or None."""
+    rows, runs = results.get("rows"), results.get("runs")
+    if not isinstance(results.get("meta"), dict):
+        return '"meta" is not a JSON object'
+    if not isinstance(rows, list) or not all(
+        isinstance(row, dict) and ROW_KEYS <= row.keys() for row in rows
+    ):
+        return f'"rows" is not a list of rows with the keys {sorted(ROW_KEYS)}'
+    if not isinstance(runs, dict) or not all(
+        isinstance(r, dict) for r in runs.values()
+    ):
+        return '"runs" is not a JSON object of runs'
+    finished = [r for r in runs.values() if r.get("status") == "ok"]
+    if not all(RUN_KEYS <= run.keys() for run in finished):
+        return f"a finished run lacks one of the keys {sorted(RUN_KEYS)}"
+    return None
+
+
+def check_device(path, held, device_type):
+    """Refuse to add runs on ``device_type`` to the file ``path`` of runs on
+    ``held`` (None: unknown): one table, one device."""
+    if held is not None and held != device_type:
+        raise SystemExit(
+            f"error: {path} holds runs on {held}, and this run is on "
+            f"{device_type}; one results file holds the runs of one device. "
+            f"Name another --json, or run with --device {held}."
+        )
+
+
 def merge(paths):
-    """One results dict from several JSON files (e.g. one per GPU)."""
+    """One results dict from several JSON files of one device (e.g. one per GPU)."""
     runs, rows, metas = {}, [], []
     for path in paths:
-        old = load_json(path)
-        metas.append(old.get("meta", {}))
+        old = read_results(path, results_problem)
+        meta = old.get("meta", {})
+        held = next((m["device_type"] for m in metas if "device_type" in m), None)
+        if held is not None and meta.get("device_type", held) != held:
+            raise SystemExit(
+                f"error: --merge joins the files of one device: {path} holds "
+                f"runs on {meta['device_type']}, the files before it on {held}."
+            )
+        metas.append(meta)
         for key, record in old.get("runs", {}).items():
             # Of two records of one run, a finished one, then the later one.
             records = [r for r in (record, runs.get(key)) if r is not None]
@@ -330,10 +480,11 @@ def main(cases, args, fit, render, load_data, common=None):
         return measure_main(args, None, render)
     if args.merge:
         return _save(merge(args.merge), args, render)
-    results = {"meta": {}, "rows": [], "runs": {}}
-    if json_path.is_file():
-        results = load_json(json_path)
     device = resolve_device(args.device)
+    results = {"meta": {}, "rows": [], "runs": {}}
+    if json_path.exists():
+        results = read_results(json_path, results_problem)
+        check_device(json_path, results["meta"].get("device_type"), device.type)
     common = dict(common or {})
     rows, jobs = plan(cases, args, device.type, common)
     jobs = list(jobs.items())
@@ -411,7 +562,7 @@ def measure_main(args, measure, render):
     if args.render_only:
         if not Path(args.json).is_file():
             raise SystemExit(f"error: --render-only needs the results {args.json}")
-        results = load_json(args.json)
+        results = read_results(args.json)
     else:
         results = measure(args)
         write_json(args.json, results)

@@ -49,8 +49,9 @@ from skassoc.datasets import make_semi_supervised_labels, make_synthetic_digits
 DATA = Path(os.environ.get("SKASSOC_SHARED_DATA", h.REPO_ROOT.parent / "shared/data"))
 #: Label draws (and network seeds) of the reported runs.
 DRAWS = 10
-#: Label draws on which LabelSpreading's grid is chosen, never reported.
-TUNING_DRAWS = (1000, 1001)
+#: Label draws on which LabelSpreading's grid is chosen, never reported
+#: (``--draws`` stops below them).
+TUNING_DRAWS = (h.MAX_DRAWS, h.MAX_DRAWS + 1)
 SPREADING_GRID = [
     {"n_neighbors": k, "alpha": a} for k in (5, 10, 20) for a in (0.2, 0.8)
 ]
@@ -212,10 +213,14 @@ def run_one(name, data, labels, method, draw, spreading, args):
 
 
 def run_suite(args):
-    """Every run asked for that the JSON does not hold yet, saved after each."""
+    """Every run asked for that the JSON does not hold yet, saved after each;
+    the results."""
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", category=UserWarning)
-    results = h.load_json(args.json) if Path(args.json).is_file() else {}
+    results = {}
+    if os.path.exists(args.json):
+        results = h.read_results(args.json, results_problem)
+        file_device(args.json, results, args.device)
     results.update(device=args.device, torch_threads=torch.get_num_threads())
     results["torch"] = torch.__version__
     machines = results.setdefault("machines", {})
@@ -240,12 +245,43 @@ def run_suite(args):
             done.add((name, labels, method, draw))
             print(json.dumps(runs[-1]), flush=True)
             save(args.json, results)
-    return runs
+    return results
 
 
 def save(path, results):
     """Write the results file (a run per few lines, as committed)."""
     h.write_text(path, json.dumps(results, indent=1) + "\n")
+
+
+#: What every run of a results file holds.
+RUN_KEYS = {"dataset", "labels", "method", "draw", "accuracy", "fit_seconds"}
+
+
+def results_problem(results):
+    """What keeps ``results`` from being a results file of this script, or None."""
+    runs = results.get("runs")
+    if not isinstance(runs, list) or not all(
+        isinstance(run, dict) and RUN_KEYS <= run.keys() for run in runs
+    ):
+        return f'"runs" is not a list of runs with the keys {sorted(RUN_KEYS)}'
+    if not isinstance(results.get("device", ""), str):
+        return '"device" is not a string'
+    if not isinstance(results.get("machines", {}), dict):
+        return '"machines" is not a JSON object'
+    return None
+
+
+def file_device(path, results, device=None):
+    """The device type ("cpu", "cuda") of the runs in ``results``; a usage
+    error if it is not that of ``device`` (one file, one device's runs)."""
+    held = results.get("device", device or "cpu").split(":")[0]
+    if device is not None and held != device.split(":")[0]:
+        raise SystemExit(
+            f"error: {path} holds runs on {held}, not {device.split(':')[0]}; one "
+            "results file holds the runs of one device. Name another --json, "
+            f"or use --device {held}."
+        )
+    return held
 
 
 def run_key(run):
@@ -278,7 +314,7 @@ def merge(paths, device):
     """
     merged, machines, results = {}, {}, None
     for path in paths:
-        file = h.load_json(path)
+        file = h.read_results(path, results_problem)
         if file.get("device", device).split(":")[0] != device:
             raise ValueError(f"{path} holds runs on {file['device']}, not {device}.")
         results = results or file
@@ -422,34 +458,37 @@ median of each row in bold. Made by ``python benchmarks/bench_defaults.py
 Runs per machine (fit seconds compare within one machine only): {per_machine}."""
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = h.make_parser(__doc__.splitlines()[0], "defaults", cases=False)
     add = parser.add_argument
-    add("--draws", type=int, default=DRAWS, help="label draws of each data set")
+    draws = h.bounded_int(1, h.MAX_DRAWS)
+    add("--draws", type=draws, default=DRAWS, help="label draws of each data set")
     add("--only", nargs="*", help="data sets to run (names)")
-    add("--labels", type=int, nargs="*", default=[5, 10], help="labels per class")
+    labels = h.bounded_int(1)
+    add("--labels", type=labels, nargs="+", default=[5, 10], help="labels per class")
     add("--methods", nargs="*", choices=(*METHODS, *VARIANTS))
     add("--machine", default=platform.node(), help="name of this machine in the runs")
     add("--merge", nargs="+", metavar="JSON", help="write these files' runs to --json")
     args = h.parse(parser, argv)
+    if args.merge and args.device not in ("cpu", "cuda"):
+        parser.error("--merge needs --device cpu or cuda: the files' device")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # The device named, if any: "auto" is whatever the file holds.
+    named = None if args.device == "auto" else args.device
     if args.merge:
-        if args.device not in ("cpu", "cuda"):
-            parser.error("--merge needs --device cpu or cuda: the files' device")
-        if not args.json_given or args.render_only:
-            parser.error(
-                "--merge writes the runs of its files, and only those, to --json: "
-                "name --json (list it among the files to keep its runs), and "
-                "leave out --render-only"
-            )
         results = merge(args.merge, args.device)
         save(args.json, results)
-        runs = results["runs"]
     elif args.render_only:
-        runs = h.load_json(args.json)["runs"]
+        results = h.read_results(args.json, results_problem)
     else:
-        args.device = str(h.resolve_device(args.device))
-        runs = run_suite(args)
-    h.write_table(args, render(runs, args.device.split(":")[0]))
+        args.device = named = str(h.resolve_device(args.device))
+        results = run_suite(args)
+    device = file_device(args.json, results, named)
+    h.write_table(args, render(results["runs"], device))
 
 
 if __name__ == "__main__":

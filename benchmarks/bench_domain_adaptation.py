@@ -99,10 +99,15 @@ def render(results):
     return h.render_parts(results, "Domain adaptation", notes, parts)
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = h.make_parser(__doc__.split("\n\n")[0], "domain_adaptation")
-    parser.add_argument("--source-size", type=int, default=60_000)
-    args = h.parse(parser, argv)
+    size = h.bounded_int(1)
+    parser.add_argument("--source-size", type=size, default=60_000)
+    return h.parse(parser, argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     common = {"source_size": args.source_size}
     return h.main(CASES, args, fit, render, Domains, common)
 

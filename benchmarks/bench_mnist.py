@@ -442,8 +442,10 @@ def render(results):
 
 def parse_args(argv=None):
     parser = h.make_parser(__doc__.split("\n\n")[0], "mnist")
-    parser.add_argument("--train-subset", type=int, help="N random training images")
-    parser.add_argument("--eval-subset", type=int, help="the first N test images")
+    add = parser.add_argument
+    train, test = h.MNIST_TRAIN_IMAGES, h.MNIST_TEST_IMAGES
+    add("--train-subset", type=h.bounded_int(1, train), help="N random training images")
+    add("--eval-subset", type=h.bounded_int(1, test), help="the first N test images")
     return h.parse(parser, argv)
 
 

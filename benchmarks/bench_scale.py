@@ -9,6 +9,7 @@ Three sections (``--only SECTION``; the JSON keeps the others), described in
     python benchmarks/bench_scale.py --device cuda --render-only
 """
 
+import os
 import re
 import tempfile
 import threading
@@ -177,8 +178,14 @@ SECTIONS = {"search": run_search, "batch": run_batch, "memmap": run_memmap}
 
 def measure(args):
     """The sections asked for, added to those the JSON holds."""
-    results = h.load_json(args.json) if Path(args.json).is_file() else {}
     device = h.resolve_device(args.device)
+    results = {}
+    if os.path.exists(args.json):
+        results = h.read_results(args.json)
+        for section in results.values():
+            if isinstance(section, dict) and "environment" in section:
+                held = section["environment"].get("device_type")
+                h.check_device(args.json, held, device.type)
     data = h.mnist_semi(args, args.seed)
     for name, section in SECTIONS.items():
         if args.only and name not in args.only:
@@ -204,23 +211,26 @@ def render(results):
     return f"{env}\n\n{h.rst_table(header, cells)}"
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = h.make_parser(__doc__.split("\n\n")[0], "scale", cases=False)
     add = parser.add_argument
+    positive = h.bounded_int(1)
     add("--only", action="append", choices=list(SECTIONS), help="run this section")
-    add("--seed", type=int, default=0, help="label draw")
-    add("--search-steps", type=int, default=2000)
-    add("--unlabeled-sizes", type=int, nargs="+", default=[1000, 5000, 20000, 60000])
+    add("--seed", type=h.seed_int, default=0, help="label draw")
+    add("--search-steps", type=positive, default=2000)
+    sizes = [1000, 5000, 20000, 60000]
+    add("--unlabeled-sizes", type=positive, nargs="+", default=sizes)
     add("--precisions", nargs="+", default=["tf32", "bf16"])
-    add("--batch-steps", type=int, default=23)
-    add("--pool-size", type=int, default=1_000_000)
+    # The step time is the difference to a 3-step fit of the same shape.
+    add("--batch-steps", type=h.bounded_int(4), default=23, help="4 or more")
+    add("--pool-size", type=positive, default=1_000_000)
     add("--pool-dir", default=None, help="default: a temporary folder")
-    add("--memmap-steps", type=int, default=2000)
-    args = h.parse(parser, argv)
-    if args.batch_steps <= 3:
-        # The step time is the difference to a 3-step fit of the same shape.
-        parser.error(f"--batch-steps must be more than 3, got {args.batch_steps}")
-    h.measure_main(args, measure, render)
+    add("--memmap-steps", type=positive, default=2000)
+    return h.parse(parser, argv)
+
+
+def main(argv=None):
+    h.measure_main(parse_args(argv), measure, render)
 
 
 if __name__ == "__main__":

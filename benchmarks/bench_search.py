@@ -27,10 +27,11 @@ def parse_args(argv=None):
     parser = h.make_parser(__doc__.split("\n")[0], "search", cases=False)
     parser.set_defaults(device="cuda")
     add = parser.add_argument
-    add("--steps", type=int, default=2000, help="training steps of every fit")
-    add("--seed", type=int, default=0, help="labels and init seed")
+    steps, images = h.bounded_int(1), h.bounded_int(1, h.MNIST_TRAIN_IMAGES)
+    add("--steps", type=steps, default=2000, help="training steps of every fit")
+    add("--seed", type=h.seed_int, default=0, help="labels and init seed")
     add("--precision", default="auto")
-    add("--train-subset", type=int, default=None, help="first N training images")
+    add("--train-subset", type=images, default=None, help="first N training images")
     return h.parse(parser, argv)
 
 

@@ -181,7 +181,7 @@ def time_predict(clf, x_test, predict_rows, repeats, device):
 def time_to_accuracy(x_train, y_semi, x_test, y_test, args, device):
     """(c): complete fits of ``--accuracy-steps``, their seconds and test error."""
     recipe, fits = args.accuracy_recipe, []
-    for max_iter in (int(s) for s in args.accuracy_steps.split(",") if s):
+    for max_iter in args.accuracy_steps:
         fit = dict(max_iter=max_iter, lr_decay_steps=max(1, max_iter // 4))
         clf, seconds = skassoc_fit(x_train, y_semi, args, device, recipe, **fit)
         error = h.error_percent(clf.predict(x_test), y_test)
@@ -243,29 +243,45 @@ def render(paths):
     return h.rst_table(header, cells)
 
 
-def main(argv=None):
+def step_counts(text):
+    """argparse ``type`` of ``--accuracy-steps``: comma-separated step counts."""
+    return [h.bounded_int(1)(part) for part in text.split(",")]
+
+
+def parse_args(argv=None):
     parser = h.make_parser(__doc__.split("\n\n")[0], "speed", cases=False)
     add = parser.add_argument
-    add("--steps", type=int, help="timed steps of (a), (b) (2000 cuda, 200 cpu)")
-    add("--warmup-steps", type=int, help="warm-up steps (default 50 cuda, 3 cpu)")
+    positive = h.bounded_int(1)
+    add("--steps", type=positive, help="timed steps of (a), (b) (2000 cuda, 200 cpu)")
+    add("--warmup-steps", type=positive, help="warm-up steps (default 50 cuda, 3 cpu)")
     add("--precision", choices=["auto", "fp32", "tf32", "bf16"], default="auto")
     add("--compile", action="store_true", help="skassoc's compile=True")
-    add("--seed", type=int, default=0, help="labels and init seed")
+    add("--seed", type=h.seed_int, default=0, help="labels and init seed")
     add("--skip-accuracy", action="store_true", help="skip (c)")
-    add("--accuracy-steps", default="5000,10000,20000", help="max_iter of (c)")
+    fits = "max_iter of (c), comma-separated"
+    add("--accuracy-steps", type=step_counts, default="5000,10000,20000", help=fits)
     mnist = sorted(n for n, p in RECIPES.items() if p.get("network") == "mnist")
     add("--accuracy-recipe", choices=mnist, default="paper")
-    add("--predict-rows", type=int, help="tiled rows for (d)")
-    add("--eval-rows", type=int, help="test images of (a), (b), (d)")
+    add("--predict-rows", type=positive, help="tiled rows for (d)")
+    test_rows = h.bounded_int(1, h.MNIST_TEST_IMAGES)
+    add("--eval-rows", type=test_rows, help="test images of (a), (b), (d)")
     args = h.parse(parser, argv)
     # One file per precision, compilation and recipe of (c).
     suffix = "" if args.precision == "auto" else f"_{args.precision}"
     suffix += "_compile" if args.compile else ""
     if args.accuracy_recipe != "paper" and not args.skip_accuracy:
         suffix += f"_{args.accuracy_recipe}"
-    json_path = Path(args.json)
+    args.measured_json = Path(args.json)
     if suffix and not args.json_given:
-        json_path = json_path.with_name(f"{json_path.stem}{suffix}.json")
+        name = f"{args.measured_json.stem}{suffix}.json"
+        args.measured_json = args.measured_json.with_name(name)
+    h.check_targets(parser, args.measured_json)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    json_path = args.measured_json
     if not args.render_only:
         h.write_json(json_path, measure(args, h.resolve_device(args.device)))
     stem = Path(args.json).stem

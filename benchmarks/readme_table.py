@@ -83,7 +83,7 @@ def main(argv=None):
     block = readme_block(text)
     if block is None:
         raise SystemExit(f"README.rst has no lines {START!r} and {END!r}")
-    README.write_text(text.replace(START + block + END, f"{START}\n{table}\n{END}"))
+    h.write_text(README, text.replace(START + block + END, f"{START}\n{table}\n{END}"))
 
 
 if __name__ == "__main__":

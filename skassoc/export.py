@@ -5,19 +5,28 @@ probabilities of :meth:`~skassoc.SemiSupervisedAssociationClassifier.predict_pro
 so that ONNX Runtime and other ONNX backends can serve the model.
 """
 
+import contextlib
 import copy
 import importlib.util
 import json
+import numbers
 import os
+import secrets
+import stat
+import tempfile
 import warnings
 from inspect import signature
 
 import torch
-from sklearn.utils.validation import check_is_fitted
+from sklearn.model_selection._search import BaseSearchCV
+from sklearn.pipeline import Pipeline
+from sklearn.utils.validation import check_is_fitted, check_scalar
 from torch import nn
 
+from ._classifier import SemiSupervisedAssociationClassifier
 from ._fitted import get_fitted_state
 from ._image_format import format_settings
+from .model_selection import StackedGridSearchCV
 
 __all__ = ["export_onnx"]
 
@@ -104,15 +113,117 @@ def _example_input(estimator):
     return torch.zeros(2, estimator.n_features_in_)
 
 
-def _add_classes(path, classes):
-    """Record ``classes_`` in the file's metadata, in the columns' order."""
+def _check_estimator(estimator):
+    """Refuse what is not a SemiSupervisedAssociationClassifier, saying what
+    to pass instead of a pipeline or a search."""
+    if isinstance(estimator, SemiSupervisedAssociationClassifier):
+        return
+    name = type(estimator).__name__
+    if isinstance(estimator, Pipeline):
+        steps = ", ".join(step for step, _ in estimator.steps[:-1]) or "none"
+        hint = (
+            "pass its last step (pipeline[-1]) and apply its other steps "
+            f"({steps}) to the inputs before the ONNX graph: they are not exported."
+        )
+    elif isinstance(estimator, (BaseSearchCV, StackedGridSearchCV)):
+        hint = (
+            "pass the refitted best estimator (search.best_estimator_; its "
+            "last step if that is a Pipeline)."
+        )
+    else:
+        hint = "pass a fitted SemiSupervisedAssociationClassifier."
+    raise TypeError(
+        f"export_onnx exports a SemiSupervisedAssociationClassifier, not a {name}: "
+        + hint
+    )
+
+
+def _check_names(input_name, output_name):
+    """The graph's input and output need distinct, non-empty names (ONNX
+    Runtime refuses a graph without)."""
+    for name, value in (("input_name", input_name), ("output_name", output_name)):
+        check_scalar(value, name, str)
+        if not value:
+            raise ValueError(f"{name} must be a non-empty string, got ''.")
+    if input_name == output_name:
+        raise ValueError(
+            f"input_name and output_name must differ; both are {input_name!r}."
+        )
+
+
+def _check_target(path):
+    """Refuse a target that is not a regular file (a link is replaced, not
+    followed), before anything is exported or opened."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"Cannot write {path!r}: its folder {folder!r} does not exist."
+        )
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise ValueError(
+            f"{path!r} exists and is not a regular file (a directory, FIFO or "
+            "device); export_onnx writes only over regular files. Choose "
+            "another path."
+        )
+
+
+def _check_opset(model, opset_version):
+    """Refuse a graph of another opset than the one asked for: the exporters
+    may fall back to their own when they cannot convert, with only a log line."""
+    written = {o.domain: o.version for o in model.opset_import}.get("")
+    if opset_version is not None and written != opset_version:
+        raise ValueError(
+            f"The ONNX exporter of torch {torch.__version__} cannot write this "
+            f"model in opset {opset_version} (it wrote opset {written}); choose "
+            "an opset it supports, such as that one, or opset_version=None."
+        )
+
+
+def _export_to_memory(module, example, kwargs):
+    """The exported graph as an ``onnx.ModelProto`` (the exporters write only
+    files: one in a private folder, never the target)."""
     import onnx
 
-    model = onnx.load(os.fspath(path))
-    onnx.helper.set_model_props(
-        model, {"classes": json.dumps(classes.tolist(), default=str)}
-    )
-    onnx.save(model, os.fspath(path))
+    with tempfile.TemporaryDirectory(prefix="skassoc_onnx_") as folder:
+        exported = os.path.join(folder, "model.onnx")
+        with warnings.catch_warnings():
+            # The exporters' notes on their own internals mean nothing to a
+            # user of this function.
+            warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning))
+            torch.onnx.export(module, (example,), exported, **kwargs)
+        return onnx.load(exported)
+
+
+def _add_classes(graph, classes):
+    """Record ``classes_`` in the graph's metadata, in the columns' order."""
+    import onnx
+
+    classes = json.dumps(classes.tolist(), default=str)
+    onnx.helper.set_model_props(graph, {"classes": classes})
+
+
+def _write_atomically(path, data):
+    """Write ``data`` to a fresh file beside ``path``, then rename it over
+    ``path``: a reader sees the old file or the complete new one, never part
+    of one, and a link at ``path`` is replaced rather than written through."""
+    folder, name = os.path.split(os.path.abspath(path))
+    # Beside the target: os.replace is atomic only within one file system;
+    # "x" mode never clobbers another writer's file.
+    tmp_path = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp_path, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
 
 
 def export_onnx(
@@ -134,18 +245,26 @@ def export_onnx(
     Parameters
     ----------
     estimator : SemiSupervisedAssociationClassifier
-        A fitted estimator.
+        A fitted estimator. Not a pipeline: pass its last step
+        (``pipeline[-1]``) and apply the preprocessing steps to the inputs
+        before the graph; they are not exported. Not a search either: pass
+        its ``best_estimator_``.
     path : str or os.PathLike
-        Where to write the ONNX model (extension ``.onnx``).
+        Where to write the ONNX model (extension ``.onnx``): a new file, or
+        a regular file or a symbolic link, which is replaced (the link
+        itself, not the file it points to).
     input_name : str, default="input"
-        Name of the graph's input: float32 of shape ``(batch, n_features)``
-        for feature rows, ``(batch, channels, height, width)`` for images
+        Name of the graph's input, not empty and not ``output_name``:
+        float32 of shape ``(batch, n_features)`` for feature rows,
+        ``(batch, channels, height, width)`` for images
         (``estimator.input_shape_``, also when ``fit`` took flat rows with
         ``input_shape``). Cast uint8 pixels to float32; do not rescale them.
     output_name : str, default="probabilities"
         Name of the graph's output, float32 of shape ``(batch, n_classes)``.
     opset_version : int, default=None
-        ONNX opset to target; None lets PyTorch choose.
+        ONNX opset to target; None lets PyTorch choose. An opset that the
+        exporter cannot write this model in is refused (the graph's opset
+        is checked), not replaced by another.
 
     Returns
     -------
@@ -154,16 +273,24 @@ def export_onnx(
 
     Raises
     ------
+    TypeError
+        If ``estimator`` is not a SemiSupervisedAssociationClassifier (the
+        message says what to pass for a pipeline or a search), or a name
+        is not a string.
     sklearn.exceptions.NotFittedError
         If the estimator is not fitted.
+    FileNotFoundError
+        If the folder of ``path`` does not exist.
     ImportError
         If ``onnx`` (and, with PyTorch 2.5 or later, ``onnxscript``) is
         not installed.
     ValueError
         If a custom ``network`` module cannot be exported (for example one
         whose ``forward`` branches on the values of its input, or calls
-        NumPy), or if the estimator resizes images (``image_size``) and
-        PyTorch is older than 2.5.
+        NumPy), if the estimator resizes images (``image_size``) and
+        PyTorch is older than 2.5, if ``path`` exists and is not a regular
+        file or a link (a directory, FIFO or device), if the names are
+        empty or equal, or if the exporter cannot write ``opset_version``.
 
     Notes
     -----
@@ -177,6 +304,11 @@ def export_onnx(
     cannot export the antialiased resize of ``image_size``. ONNX Runtime
     computes that resize slightly differently from PyTorch: probabilities of
     models with ``image_size`` agree to about 1e-3, the others to about 1e-5.
+
+    The file is written whole or not at all: the graph and its ``classes``
+    are written to a temporary file beside ``path`` that is then renamed
+    over it, so that a reader never sees a partial file, and an error or a
+    crash leaves an existing file as it was.
 
     Examples
     --------
@@ -201,7 +333,13 @@ def export_onnx(
     >>> bool(np.allclose(proba, clf.predict_proba(X), atol=1e-5))
     True
     """
+    _check_estimator(estimator)
     check_is_fitted(estimator)
+    _check_names(input_name, output_name)
+    if opset_version is not None:
+        check_scalar(opset_version, "opset_version", numbers.Integral, min_val=1)
+    path_name = os.fsdecode(path)
+    _check_target(path_name)
     dynamo = _uses_dynamo_exporter()
     _check_packages(dynamo)
     _check_exportable(estimator, dynamo)
@@ -211,11 +349,7 @@ def export_onnx(
     model = _Probabilities(model, state.class_prior).eval()
     kwargs = _export_arguments(dynamo, input_name, output_name, opset_version)
     try:
-        with warnings.catch_warnings():
-            # The exporters' notes on their own internals mean nothing to a
-            # user of this function.
-            warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning))
-            torch.onnx.export(model, (_example_input(estimator),), path, **kwargs)
+        graph = _export_to_memory(model, _example_input(estimator), kwargs)
     except Exception as error:
         if estimator.network_ != "custom":
             raise
@@ -225,5 +359,7 @@ def export_onnx(
             "ONNX export traces forward once: it must not branch on the "
             "values of its input or leave PyTorch (NumPy, .item(), .tolist())."
         ) from error
-    _add_classes(path, state.classes)
+    _check_opset(graph, opset_version)
+    _add_classes(graph, state.classes)
+    _write_atomically(path_name, graph.SerializeToString())
     return path

@@ -2,6 +2,8 @@
 
 import importlib
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -190,6 +192,136 @@ def test_parser(bench):
     for bad in bad_values:
         with pytest.raises(SystemExit):
             harness.parse(parser, bad)
+
+
+def _special_file(path, kind):
+    """A FIFO, a directory or a character device (/dev/null's) at ``path``."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("creating a device node needs privileges")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_results_are_never_written_over_what_is_not_a_regular_file(
+    bench, tmp_path, capsys, kind
+):
+    harness, mnist = bench("_harness"), bench("bench_mnist")
+    special = tmp_path / "special"
+    _special_file(special, kind)
+    mode = os.lstat(special).st_mode
+    with pytest.raises(ValueError, match="is not a regular file"):
+        harness.write_text(special, "results\n")
+    # The scripts refuse it as --table or --json before running anything.
+    committed = f"--json={RESULTS / 'mnist_cpu.json'}"
+    for argv in (
+        ["--render-only", committed, f"--table={special}"],
+        ["--device=cpu", "--only=no/such/case", f"--json={special}"],
+    ):
+        with pytest.raises(SystemExit):
+            mnist.main(argv)
+        assert "is not a regular file" in capsys.readouterr().err
+    assert os.lstat(special).st_mode == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["special"]
+
+
+def test_results_are_written_whole_or_not_at_all(bench, tmp_path, monkeypatch):
+    harness = bench("_harness")
+    path, target = tmp_path / "results.json", tmp_path / "elsewhere.json"
+    path.write_text("old\n")
+
+    def crash(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness.os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        harness.write_text(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+    monkeypatch.undo()
+    # A link is replaced, not written through.
+    target.write_text("kept\n")
+    path.unlink()
+    path.symlink_to(target)
+    harness.write_text(path, "new\n")
+    assert not path.is_symlink() and path.read_text() == "new\n"
+    assert target.read_text() == "kept\n"
+
+
+def test_merge_needs_its_own_json(bench, tmp_path, monkeypatch, capsys):
+    """Without --json, --merge would overwrite the committed results."""
+    mnist = bench("bench_mnist")
+    monkeypatch.setattr(mnist.h, "RESULTS_DIR", tmp_path)
+    committed = tmp_path / "mnist_cpu.json"
+    committed.write_text('{"committed": true}\n')
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"meta": {}, "rows": [], "runs": {}}))
+    refused = {
+        "name --json": ["--device=cpu", "--merge", str(part)],
+        "leave out --render-only": [
+            "--merge",
+            str(part),
+            f"--json={tmp_path / 'm.json'}",
+            "--render-only",
+        ],
+    }
+    for message, argv in refused.items():
+        with pytest.raises(SystemExit):
+            mnist.main(argv)
+        assert message in capsys.readouterr().err
+    assert committed.read_text() == '{"committed": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnist_cpu.json", "part.json"]
+
+
+def test_resuming_into_the_other_devices_file_is_refused(
+    bench, tmp_path, torch_single_thread
+):
+    calls = []
+    main = _tiny(bench, calls)
+    path = tmp_path / "tiny.json"
+    meta = {"device_type": "cuda", "device": "NVIDIA H100"}
+    path.write_text(json.dumps({"meta": meta, "rows": [], "runs": {}}))
+    before = path.read_bytes()
+    with pytest.raises(SystemExit, match="holds runs on cuda, and this run is on cpu"):
+        main(["--device=cpu", f"--json={path}"])
+    assert calls == [] and path.read_bytes() == before
+    assert not (tmp_path / "tiny.rst").exists()
+
+
+VALID = {"meta": {"device_type": "cpu"}, "rows": [], "runs": {}}
+ROW = dict(part="t", setting="s", labels="15", title="s", paper="", draws=1, keys=[])
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "it does not exist"),
+        ("{not json", "cannot be read as JSON"),
+        ("[1, 2]", "it is not a JSON object"),
+        ({"rows": [], "runs": {}}, '"meta" is not a JSON object'),
+        ({**VALID, "rows": [{"part": "t"}]}, '"rows" is not a list of rows'),
+        ({**VALID, "runs": []}, '"runs" is not a JSON object of runs'),
+        ({**VALID, "runs": {"t/s/15/0": {"status": "ok"}}}, "a finished run lacks"),
+        ({**VALID, "meta": {"device_type": "cuda"}}, "joins the files of one device"),
+    ],
+)
+def test_merge_names_a_malformed_file(bench, tmp_path, content, problem):
+    calls = []
+    main = _tiny(bench, calls)
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({**VALID, "rows": [ROW]}))
+    if content is not None:
+        bad.write_text(content if isinstance(content, str) else json.dumps(content))
+    out = tmp_path / "merged.json"
+    with pytest.raises(SystemExit, match=problem) as raised:
+        main(["--merge", str(good), str(bad), f"--json={out}"])
+    assert str(bad) in str(raised.value)
+    assert not out.exists() and calls == []
 
 
 def test_scores_and_median_interval(bench):

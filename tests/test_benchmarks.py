@@ -180,10 +180,93 @@ def test_bench_defaults_table_names_the_rows_skassoc_loses(bench):
     assert script.render([], "cpu")  # an empty file renders, no crash
 
 
-def test_bench_scale_refuses_too_few_batch_steps(bench, capsys):
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("bench_mnist", ["--train-subset", "-5"]),
+        ("bench_mnist", ["--train-subset", "60001"]),
+        ("bench_mnist", ["--eval-subset", "-10"]),
+        ("bench_mnist", ["--eval-subset", "10001"]),
+        ("bench_mnist", ["--draws", "30000000"]),
+        ("bench_mnist", ["--draws", "3e7"]),
+        ("bench_mnist", ["--max-iter", "0"]),
+        ("bench_domain_adaptation", ["--source-size", "0"]),
+        ("bench_domain_adaptation", ["--draws", "1001"]),
+        ("bench_defaults", ["--labels", "5", "0"]),
+        # Draws 1000 and up are those LabelSpreading is tuned on.
+        ("bench_defaults", ["--draws", "1001"]),
+        ("bench_scale", ["--seed", "-1"]),
+        ("bench_scale", ["--search-steps", "0"]),
+        ("bench_scale", ["--unlabeled-sizes", "100", "-1"]),
+        # The step time is the difference to a 3-step fit.
+        ("bench_scale", ["--batch-steps", "3"]),
+        ("bench_scale", ["--pool-size", "0"]),
+        ("bench_scale", ["--memmap-steps", "0"]),
+        ("bench_search", ["--steps", "0"]),
+        ("bench_search", ["--seed", str(2**32)]),
+        ("bench_search", ["--train-subset", "-5"]),
+        ("bench_speed", ["--steps", "0"]),
+        ("bench_speed", ["--warmup-steps", "0"]),
+        ("bench_speed", ["--seed", "-1"]),
+        ("bench_speed", ["--accuracy-steps", "100,-1"]),
+        ("bench_speed", ["--predict-rows", "0"]),
+        ("bench_speed", ["--eval-rows", "-10"]),
+    ],
+)
+def test_numeric_options_out_of_range_are_usage_errors(bench, capsys, script, argv):
     with pytest.raises(SystemExit):
-        bench("bench_scale").main(["--batch-steps", "3", "--render-only"])
-    assert "--batch-steps must be more than 3" in capsys.readouterr().err
+        bench(script).parse_args(["--device=cpu", *argv])
+    err = capsys.readouterr().err
+    assert f"argument {argv[0]}: takes an integer" in err
+    bad = argv[-1].split(",")[-1]
+    assert f"not {bad}\n" in err or f"not {bad!r}\n" in err
+
+
+def test_bench_defaults_keeps_one_device_a_file(bench, tmp_path, capsys):
+    script = bench("bench_defaults")
+    path = tmp_path / "defaults_cuda.json"
+    run = dict(dataset="wine", labels=5, method="mlp-labeled", draw=0)
+    run.update(accuracy=0.9, fit_seconds=1.0, machine="gpu-host")
+    path.write_text(json.dumps({"device": "cuda", "runs": [run], "machines": {}}))
+    before = path.read_bytes()
+    # Resuming on a CPU would relabel the GPU runs as CPU ones.
+    resume = ["--only", "wine", "--labels", "5", "--methods", "mlp-labeled"]
+    for argv in ([*resume, "--draws=1"], ["--render-only"]):
+        with pytest.raises(SystemExit, match="holds runs on cuda, not cpu"):
+            script.main(["--device=cpu", *argv, f"--json={path}"])
+    assert path.read_bytes() == before
+    assert not (tmp_path / "defaults_cuda.rst").exists()
+    # Rendered without --device: the file's device titles the table.
+    script.main(["--render-only", f"--json={path}"])
+    table = (tmp_path / "defaults_cuda.rst").read_text()
+    assert "Default parameters on one GPU" in table
+    assert "--device cuda" in table
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "it does not exist"),
+        ("{not json", "cannot be read as JSON"),
+        ("[]", "not a JSON object"),
+        ('{"runs": {}}', '"runs" is not a list of runs'),
+        ('{"runs": [{"dataset": "wine"}]}', '"runs" is not a list of runs'),
+        ('{"runs": [], "device": 3}', '"device" is not a string'),
+    ],
+)
+def test_bench_defaults_merge_names_a_malformed_file(
+    bench, tmp_path, capsys, content, problem
+):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    out = tmp_path / "merged.json"
+    argv = ["--device=cpu", "--merge", str(bad), f"--json={out}"]
+    with pytest.raises(SystemExit, match=problem) as raised:
+        bench("bench_defaults").main(argv)
+    assert str(bad) in str(raised.value)
+    assert not out.exists()
 
 
 def test_bench_speed_smoke(bench, tmp_path, capsys, torch_single_thread, monkeypatch):

@@ -2,11 +2,16 @@
 
 import importlib.util
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
 import torch
 from sklearn.exceptions import NotFittedError
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 from torch import nn
 
 from skassoc import SemiSupervisedAssociationClassifier
@@ -205,3 +210,134 @@ def test_missing_packages_are_named(blobs_semi, fast_params, tmp_path, monkeypat
     )
     with pytest.raises(ImportError, match="install onnx"):
         export_onnx(clf, tmp_path / "m.onnx")
+
+
+@pytest.fixture
+def tiny_clf(blobs_semi, fast_params):
+    X, y = blobs_semi
+    return SemiSupervisedAssociationClassifier(**{**fast_params, "max_iter": 2}).fit(
+        X, y
+    )
+
+
+def _classes_of(path):
+    model = onnx.load(str(path))
+    return json.loads({p.key: p.value for p in model.metadata_props}["classes"])
+
+
+def test_a_link_is_replaced_not_written_through(tiny_clf, tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_bytes(b"not yours")
+    link = tmp_path / "model.onnx"
+    link.symlink_to(target)
+    export_onnx(tiny_clf, link)
+    assert target.read_bytes() == b"not yours"
+    assert not link.is_symlink()
+    assert _classes_of(link) == [0, 1, 2]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        export_onnx(tiny_clf, tmp_path / "no such folder" / "model.onnx")
+
+
+@pytest.fixture
+def alarm():
+    """Fail, rather than hang, a test that blocks for more than 30 seconds."""
+    import signal
+
+    def timeout(signum, frame):
+        raise TimeoutError("export_onnx blocked")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _make_special_file(path, kind):
+    """A FIFO, a directory or a character device (/dev/null's) at ``path``."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("creating a device node needs privileges")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_target_that_is_not_a_regular_file_is_refused(
+    tiny_clf, tmp_path, alarm, kind
+):
+    path = tmp_path / "model.onnx"
+    _make_special_file(path, kind)
+    with pytest.raises(ValueError, match="is not a regular file"):
+        export_onnx(tiny_clf, path)
+    assert os.path.exists(path) and not os.path.isfile(path)
+
+
+def test_a_failed_export_leaves_the_old_file_whole(tiny_clf, tmp_path, monkeypatch):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"the previous model")
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # Between the graph and its classes: where a crash used to leave a file
+    # without them.
+    monkeypatch.setattr(onnx.helper, "set_model_props", crash)
+    with pytest.raises(KeyboardInterrupt):
+        export_onnx(tiny_clf, path)
+    assert path.read_bytes() == b"the previous model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+    monkeypatch.undo()
+    export_onnx(tiny_clf, path)
+    assert _classes_of(path) == [0, 1, 2]
+
+
+def test_an_opset_the_exporter_cannot_write_is_refused(tiny_clf, tmp_path):
+    path = tmp_path / "model.onnx"
+    with pytest.raises(ValueError, match="cannot write this model in opset 7"):
+        export_onnx(tiny_clf, path, opset_version=7)
+    assert not path.exists()
+    for bad in (0, "18", 18.0):
+        with pytest.raises((TypeError, ValueError), match="opset_version"):
+            export_onnx(tiny_clf, path, opset_version=bad)
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (("x", "x"), "must differ"),
+        (("", "p"), "input_name must be a non-empty string"),
+        (("x", ""), "output_name must be a non-empty string"),
+        ((3, "p"), "input_name must be an instance of str"),
+    ],
+)
+def test_names_the_runtime_would_refuse_are_refused(tiny_clf, tmp_path, names, message):
+    path = tmp_path / "model.onnx"
+    input_name, output_name = names
+    with pytest.raises((TypeError, ValueError), match=message):
+        export_onnx(tiny_clf, path, input_name=input_name, output_name=output_name)
+    assert not path.exists()
+
+
+def test_pipelines_and_searches_are_refused_with_what_to_pass(
+    blobs_semi, fast_params, tmp_path
+):
+    X, y = blobs_semi
+    params = {**fast_params, "max_iter": 2}
+    clf = SemiSupervisedAssociationClassifier(**params)
+    pipeline = make_pipeline(StandardScaler(), clf).fit(X, y)
+    with pytest.raises(TypeError, match=r"pipeline\[-1\].*\(standardscaler\)"):
+        export_onnx(pipeline, tmp_path / "m.onnx")
+    search = GridSearchCV(clf, {"visit_weight": [1.0]}, cv=2).fit(X, y)
+    with pytest.raises(TypeError, match=r"not a GridSearchCV.*best_estimator_"):
+        export_onnx(search, tmp_path / "m.onnx")
+    with pytest.raises(TypeError, match="not a StandardScaler"):
+        export_onnx(StandardScaler().fit(X), tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+    # What the messages say to pass exports.
+    export_onnx(pipeline[-1], tmp_path / "m.onnx")
+    assert _classes_of(tmp_path / "m.onnx") == [0, 1, 2]
