@@ -1,6 +1,7 @@
 """Checks and conversions of user inputs: samples, image shapes and labels."""
 
 import math
+import unicodedata
 import warnings
 from dataclasses import dataclass, replace
 
@@ -105,9 +106,10 @@ def validate_memory_map(estimator, X, y):
     not contiguous, such as :func:`~skassoc.datasets.load_stl10`'s) and
     converts float64 to float32 (another copy). Here the dtype and the
     number of features are checked on the first sample, and float inputs are
-    scanned for NaN, infinity and values beyond float32 (and float64 ones for
-    features that float32 would make constant, a warning) a few MiB at a
-    time, so ``X`` stays on disk; integer inputs are not read at all.
+    scanned for NaN, infinity and values too large for the networks' float32
+    input scaling (and float64 ones for features that float32 would make
+    constant, a warning) a few MiB at a time, so ``X`` stays on disk;
+    integer inputs are not read at all.
 
     Returns
     -------
@@ -133,7 +135,8 @@ def validate_memory_map(estimator, X, y):
         )
     # Sets n_features_in_ and checks what one sample can tell.
     first = np.asarray(X[:1]).reshape(min(len(X), 1), math.prod(X.shape[1:]))
-    validate_data(estimator, first, dtype=None)
+    with _large_values_quiet():
+        validate_data(estimator, first, dtype=None)
     if y is None:
         raise ValueError(
             f"{type(estimator).__name__} requires y to be passed, but the target "
@@ -149,24 +152,61 @@ def validate_memory_map(estimator, X, y):
 
 
 def _check_finite_in_chunks(X):
-    limit = np.finfo(np.float32).max
     rows_per_chunk = max(1, 2**22 // max(1, X.itemsize * math.prod(X.shape[1:])))
     ranges = FeatureRanges()
     for start in range(0, len(X), rows_per_chunk):
         chunk = np.asarray(X[start : start + rows_per_chunk])
-        if X.itemsize > 4:
-            ranges.update(chunk, chunk.astype(np.float32))
         if not np.isfinite(chunk).all():
             raise ValueError(
                 "Input X contains NaN or infinity (memory-mapped X, rows "
                 f"{start} to {start + len(chunk) - 1})."
             )
-        if X.itemsize > 4 and (np.abs(chunk) > limit).any():
-            raise ValueError(
-                "X holds values too large for float32 (beyond +-3.4e38), the "
-                "precision the network computes in; rescale X."
-            )
+        check_magnitude(chunk)
+        if X.itemsize > 4:
+            ranges.update(chunk, chunk.astype(np.float32))
     ranges.warn_if_float32_hides_variation()
+
+
+#: The largest magnitude of an input value. Networks scale their inputs in
+#: float32: the MLP subtracts each feature's mean, an image network the
+#: smallest pixel value, and divides by a spread or range. Values of up to a
+#: quarter of float32's largest (3.4e38) keep those differences finite;
+#: larger ones overflow to infinity (a raw error while learning the image
+#: scale, saturated or NaN network inputs otherwise).
+LARGEST_INPUT = float(np.finfo(np.float32).max) / 4
+
+
+def _large_values_quiet():
+    """Silence NumPy's overflow warnings while scikit-learn validates ``X``.
+
+    Its finiteness check first sums ``X``, which overflows for large finite
+    values (a RuntimeWarning that says nothing useful), then checks value by
+    value; :func:`check_magnitude` explains what is too large.
+    """
+    return np.errstate(over="ignore", invalid="ignore")
+
+
+def check_magnitude(rows):
+    """Refuse float inputs too large for the networks' float32 input scaling.
+
+    Raises
+    ------
+    ValueError
+        If a value of ``rows`` (any float dtype) lies beyond
+        :data:`LARGEST_INPUT` in magnitude.
+    """
+    if rows.dtype.kind != "f" or rows.itemsize < 4 or rows.size == 0:
+        return
+    # Two reductions, not np.abs(rows).max(): no copy of the data.
+    largest = max(float(rows.max()), -float(rows.min()))
+    if not largest <= LARGEST_INPUT:
+        raise ValueError(
+            f"X holds values too large for float32 arithmetic (up to "
+            f"{largest:.3g} in magnitude): the network scales its inputs in "
+            f"float32, which overflows for values beyond +-{LARGEST_INPUT:.2g}. "
+            "Rescale X, e.g. divide it by a power of ten, or standardise it "
+            "(a StandardScaler in a Pipeline)."
+        )
 
 
 class FeatureRanges:
@@ -317,18 +357,18 @@ def to_model_layout(rows, image_shape):
 
     uint8 pixels stay uint8 (a quarter of the memory, on the host and on the
     GPU; networks convert per batch); everything else becomes float32.
+
+    Raises
+    ------
+    ValueError
+        If float values are too large for the networks' input scaling (see
+        :func:`check_magnitude`).
     """
     if rows.dtype != np.uint8:
-        wider = rows.dtype.kind == "f" and rows.dtype.itemsize > 4
-        with np.errstate(over="ignore"):
-            rows = rows.astype(np.float32, copy=False)
-        # Finite float64 values beyond float32's range would become inf and
-        # NaN losses or NaN probabilities; say so instead.
-        if wider and not np.isfinite(rows).all():
-            raise ValueError(
-                "X holds values too large for float32 (beyond +-3.4e38), the "
-                "precision the network computes in; rescale X."
-            )
+        # Before the conversion: float64 values beyond float32's range would
+        # become infinity there.
+        check_magnitude(rows)
+        rows = rows.astype(np.float32, copy=False)
     if image_shape is None:
         return rows
     return rows.reshape(rows.shape[0], *image_shape)
@@ -472,6 +512,64 @@ def warn_if_marker_wrapped(y):
         )
 
 
+# Characters typed (or put in by word processors and spreadsheets) for a
+# minus sign besides the ASCII hyphen-minus; Unicode's dashes (category Pd)
+# are read as minus signs too.
+_MINUS_SIGNS = frozenset("\u2212\u02d7\u2796")
+
+
+def reads_as_marker(label):
+    """Whether a string label reads as the number -1 although it is not ``"-1"``.
+
+    The near misses of the unlabeled marker: ``" -1"``, ``"-1.0"`` (what
+    ``astype(str)`` makes of a float -1), ``"\u22121"`` (a Unicode minus),
+    full-width or quoted forms. Labels that merely contain ``-1``
+    (``"-10"``, ``"class-1"``) are not near misses.
+    """
+    if not isinstance(label, str) or label == str(UNLABELED):
+        return False
+    text = unicodedata.normalize("NFKC", label)
+    text = "".join(
+        "-" if char in _MINUS_SIGNS or unicodedata.category(char) == "Pd" else char
+        for char in text
+        # Format characters (a byte-order mark, zero-width spaces) and
+        # whitespace are invisible in a printed label.
+        if unicodedata.category(char) != "Cf" and not char.isspace()
+    )
+    text = text.strip("\"'").replace(",", ".")
+    try:
+        return float(text) == UNLABELED
+    except ValueError:
+        return False
+
+
+def warn_if_marker_misspelled(classes, encoded):
+    """Warn when a class of ``y`` looks like a mistyped unlabeled marker.
+
+    Only the integer -1 (and the string ``"-1"`` in string and object
+    labels) marks unlabeled samples; a near miss such as ``"-1.0"`` (see
+    :func:`reads_as_marker`) becomes a class of its own, which usually
+    holds most samples.
+    """
+    if classes.dtype.kind not in "UO":
+        return
+    labels = classes.tolist()
+    suspects = [k for k, label in enumerate(labels) if reads_as_marker(label)]
+    if not suspects:
+        return
+    counts = np.bincount(encoded[encoded >= 0], minlength=len(classes))
+    found = ", ".join(f"{labels[k]!r} ({counts[k]} samples)" for k in suspects)
+    warnings.warn(
+        f"y holds the class(es) {found}, which read as -1: are they the "
+        "unlabeled marker, mistyped? Only the exact -1 (or the string '-1') "
+        "marks unlabeled samples; these samples are trained as labeled. "
+        "Replace the marker, e.g. y = np.where(y == "
+        f"{labels[suspects[0]]!r}, '-1', y).",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
 def unfitted_copy(estimator, **fitted):
     """A parameter-only copy of ``estimator`` for scikit-learn's checks.
 
@@ -548,13 +646,15 @@ def validate_training_inputs(estimator, X, y, sample_weight=None):
         sample_shape = tuple(X.shape[1:]) if X.ndim > 2 else None
     else:
         rows, sample_shape = split_sample_shape(X)
-        rows, y = validate_data(probe, rows, y, dtype="numeric", y_numeric=False)
+        with _large_values_quiet():
+            rows, y = validate_data(probe, rows, y, dtype="numeric", y_numeric=False)
     n_features = probe.n_features_in_
     image_shape = resolve_image_shape(sample_shape, estimator.input_shape, n_features)
     if estimator.input_shape is None:
         warn_if_channels_last(sample_shape)
     warn_if_marker_wrapped(y)
     classes, encoded = encode_semi_supervised_labels(y)
+    warn_if_marker_misspelled(classes, encoded)
     if on_host:
         # Adding the channel axis of (n, h, w) images is a view, never a copy.
         data = X if image_shape is None else X.reshape(len(X), *image_shape)
@@ -597,19 +697,19 @@ def classification_weights(class_weight, inputs):
         names labels that are not classes.
     """
     labeled = inputs.encoded >= 0
-    factors = np.ones(len(inputs.encoded))
     if isinstance(class_weight, dict):
         _check_class_weight_dict(class_weight, inputs.classes)
+    factors = np.ones(np.count_nonzero(labeled))
     if class_weight is not None:
         per_class = compute_class_weight(
             class_weight,
             classes=inputs.classes,
             y=inputs.classes[inputs.encoded[labeled]],
         )
-        factors[labeled] = per_class[inputs.encoded[labeled]]
+        factors = _relative(per_class)[inputs.encoded[labeled]]
     if inputs.sample_weight is not None:
-        factors = factors * inputs.sample_weight
-    mean = factors[labeled].mean()
+        factors = factors * _relative(inputs.sample_weight[labeled])
+    mean = factors.mean()
     if not mean > 0:
         raise ValueError(
             "The class and sample weights of every labeled sample are 0: the "
@@ -617,11 +717,22 @@ def classification_weights(class_weight, inputs):
             "labeled samples a positive weight (weights of unlabeled samples "
             "are not used)."
         )
-    factors[labeled] /= mean
-    factors[~labeled] = 0.0
-    if np.all(factors[labeled] == factors[labeled][0]):
+    if np.all(factors == factors[0]):
         return None
-    return factors.astype(np.float32)
+    weights = np.zeros(len(inputs.encoded), dtype=np.float32)
+    weights[labeled] = factors / mean
+    return weights
+
+
+def _relative(weights):
+    """``weights`` divided by their largest (unchanged if all are 0).
+
+    Only ratios of weights matter. Large finite weights (1e308) would
+    overflow their product and their mean to infinity, and every factor
+    divided by it would be 0: the fit would silently be an unweighted one.
+    """
+    largest = weights.max(initial=0.0)
+    return weights / largest if largest > 0 else weights
 
 
 def _check_class_weight_dict(class_weight, classes):
@@ -711,6 +822,7 @@ def inputs_like_training(probe, X, image_shape):
     ``feature_names_in_``) that scikit-learn's checks compare ``X`` with.
     """
     rows, sample_shape = split_sample_shape(X)
-    rows = validate_data(probe, rows, dtype="numeric", reset=False)
+    with _large_values_quiet():
+        rows = validate_data(probe, rows, dtype="numeric", reset=False)
     check_sample_shape(sample_shape, image_shape, probe.n_features_in_)
     return to_model_layout(rows, image_shape)

@@ -93,6 +93,10 @@ RECIPES = {
         "class_prior": "uniform",
     },
 }
+# The recipes are built from one another and would share their nested dicts
+# (the augmentation settings): each gets its own copy, so that editing one
+# recipe never edits another.
+RECIPES = {name: copy.deepcopy(params) for name, params in RECIPES.items()}
 
 
 def recipe_params(name):

@@ -85,6 +85,12 @@ def _thumbnails(X, shape):
 
 
 def _embed(estimator, X):
+    """The embeddings of ``X`` as passed, checked as ``transform`` checks it.
+
+    Callers embed before converting ``X`` to an array: that would drop a
+    DataFrame's column names, and columns in another order than in ``fit``,
+    which ``transform`` refuses, would be drawn with a mere warning.
+    """
     return torch.as_tensor(np.asarray(estimator.transform(X), dtype=np.float64))
 
 
@@ -211,6 +217,7 @@ def plot_association_graph(
         max_lines = _positive_int(max_lines, "max_lines")
 
     y_labeled = _check_labels(y_labeled, X_labeled)
+    embedded = [_embed(estimator, X) for X in (X_labeled, X_unlabeled)]
     # Sorting A by class makes a good association visible as lines that run
     # between blocks of the same class.
     order = np.argsort(y_labeled, kind="stable")
@@ -218,9 +225,7 @@ def plot_association_graph(
     y_labeled = y_labeled[order]
     X_unlabeled = np.asarray(X_unlabeled)
 
-    p_ab, p_ba, p_aba = association_matrices(
-        _embed(estimator, X_labeled), _embed(estimator, X_unlabeled)
-    )
+    p_ab, p_ba, p_aba = association_matrices(embedded[0][order], embedded[1])
     p_ab, p_ba, p_aba = p_ab.numpy(), p_ba.numpy(), p_aba.numpy()
     n_labeled, n_unlabeled = p_ab.shape
     if sort_unlabeled:
@@ -412,13 +417,15 @@ def plot_nearest_neighbors(
     matplotlib = _import_matplotlib()
     plt = matplotlib.pyplot
 
+    passed = (X_query, X_pool)
     X_query, X_pool = np.asarray(X_query), np.asarray(X_pool)
     n_neighbors, shape = _check_neighbor_inputs(
         estimator, X_query, X_pool, y_query, y_pool, n_neighbors, image_shape
     )
 
-    query = torch.nn.functional.normalize(_embed(estimator, X_query), dim=1)
-    pool = torch.nn.functional.normalize(_embed(estimator, X_pool), dim=1)
+    query, pool = (
+        torch.nn.functional.normalize(_embed(estimator, X), dim=1) for X in passed
+    )
     similarity = (query @ pool.T).numpy()
     nearest = np.argsort(-similarity, axis=1, kind="stable")[:, :n_neighbors]
 
@@ -438,7 +445,7 @@ def plot_nearest_neighbors(
     misclassified = np.zeros(n_queries, dtype=bool)
     if mark_misclassified and y_query is not None:
         y_query = np.asarray(y_query)
-        predicted = np.asarray(estimator.predict(X_query))
+        predicted = np.asarray(estimator.predict(passed[0]))
         misclassified = predicted != y_query
 
     fig, axes = plt.subplots(

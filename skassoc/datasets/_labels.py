@@ -1,6 +1,7 @@
 """Turn a fully labeled target into a semi-supervised one."""
 
 import numbers
+import sys
 
 import numpy as np
 from sklearn.utils import check_random_state
@@ -52,9 +53,10 @@ def make_semi_supervised_labels(
     Raises
     ------
     ValueError
-        If ``y`` is not 1-D, if ``labeled_per_class`` is not a positive
-        integer, if a class has fewer than ``labeled_per_class`` samples, or
-        if ``y`` already contains ``unlabeled_label``.
+        If ``y`` is not 1-D, holds missing labels (NaN, None, pandas' NA),
+        if ``labeled_per_class`` is not a positive integer, if a class has
+        fewer than ``labeled_per_class`` samples, or if ``y`` already
+        contains ``unlabeled_label``.
 
     Examples
     --------
@@ -73,6 +75,8 @@ def make_semi_supervised_labels(
             "labeled_per_class must be a positive integer, got "
             f"{labeled_per_class!r} instead."
         )
+
+    _check_no_missing_labels(y)
 
     numeric_marker = isinstance(unlabeled_label, numbers.Number) and not isinstance(
         unlabeled_label, bool
@@ -118,3 +122,34 @@ def make_semi_supervised_labels(
         keep[rng.choice(members, size=labeled_per_class, replace=False)] = True
     y_semi[~keep] = unlabeled_label
     return y_semi
+
+
+def _missing_labels(y):
+    """Where ``y`` holds a missing value: NaN, NaT, None or pandas' NA."""
+    if y.dtype.kind in "fc":
+        return np.isnan(y)
+    if y.dtype.kind in "mM":
+        return np.isnat(y)
+    if y.dtype.kind != "O":
+        return np.zeros(y.shape, dtype=bool)
+    pandas = sys.modules.get("pandas")
+    if pandas is not None:
+        # Knows pandas' NA and NaT too, which only pandas can put in y.
+        return np.asarray(pandas.isna(y), dtype=bool)
+    return np.array(
+        [v is None or (isinstance(v, (float, np.floating)) and v != v) for v in y],
+        dtype=bool,
+    )
+
+
+def _check_no_missing_labels(y):
+    """Refuse missing labels, which np.unique would make a class of."""
+    missing = np.flatnonzero(_missing_labels(y))
+    if missing.size:
+        raise ValueError(
+            f"y holds {missing.size} missing label(s) (NaN or None), e.g. at "
+            f"index {missing[0]}; make_semi_supervised_labels needs a fully "
+            "labeled y. Drop those samples first; to keep them as unlabeled "
+            "samples, call it on the others (y[known]) and set the missing "
+            "ones to -1 in the full label array."
+        )

@@ -93,8 +93,9 @@ def load_svhn(subset="train", *, data_home=None, return_X_y=False):
     FileNotFoundError
         If the file for ``subset`` is not in the folder.
     ValueError
-        If ``subset`` is unknown, or the file does not hold SVHN images and
-        labels of the expected shapes and values.
+        If ``subset`` is unknown, the file is not a MATLAB v5 file (v7.3
+        files are HDF5, which scipy cannot read), or it does not hold SVHN
+        images and labels of the expected shapes and values.
 
     Examples
     --------
@@ -120,6 +121,18 @@ def load_svhn(subset="train", *, data_home=None, return_X_y=False):
 
     try:
         mat = loadmat(path, variable_names=["X", "y"])
+    except NotImplementedError as exc:
+        # scipy's way of refusing MATLAB v7.3 files, which are HDF5 files.
+        if "7.3" not in str(exc):
+            raise
+        raise ValueError(
+            f"{path!r} is a MATLAB v7.3 file (an HDF5 file), which "
+            "scipy.io.loadmat cannot read. The official SVHN files are MATLAB "
+            f"v5 files: download {_FILES[subset]!r} again from {_URL}, or "
+            "convert this one (in MATLAB: load it, then save(path, 'X', 'y', "
+            "'-v7')). h5py can read it as it is, with every array's axes in "
+            "reverse order."
+        ) from exc
     except (MatReadError, OSError, ValueError, TypeError) as exc:
         # scipy's errors for truncated or foreign files do not name the file.
         raise ValueError(
