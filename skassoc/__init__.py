@@ -1,11 +1,13 @@
 """skassoc: semi-supervised learning by association for scikit-learn."""
 
 from ._classifier import SemiSupervisedAssociationClassifier
+from ._persistence import convert_model_file
 from ._recipes import RECIPES, recipe_params
 from ._version import __version__
 
 __all__ = [
     "SemiSupervisedAssociationClassifier",
+    "convert_model_file",
     "RECIPES",
     "recipe_params",
     "__version__",

@@ -1,6 +1,7 @@
 """SemiSupervisedAssociationClassifier: the paper's recipe as an estimator."""
 
 import copy
+import math
 import sys
 import warnings
 from numbers import Integral, Real
@@ -43,7 +44,7 @@ from ._inputs import (
     validate_training_inputs,
 )
 from ._model import build_model, check_custom_module, placed, probe_embedder
-from ._persistence import load_model, save_model
+from ._persistence import MAX_WEIGHT, MAX_WIDTH, load_model, save_model
 from ._prior import (
     apply_class_prior,
     estimate_class_prior,
@@ -61,10 +62,35 @@ from ._settings import (
     resolve_predict_batch_size,
     step_memory_bytes,
 )
-from ._training import LR_SCHEDULES, train, warn_if_labels_unlearned
+from ._training import (
+    LR_SCHEDULES,
+    load_torch_dynamo,
+    train,
+    warn_if_labels_unlearned,
+)
 from ._utils import user_stacklevel
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
+
+
+class _Int(Interval):
+    """Ints from ``left`` (to ``right``); not booleans, which are no sizes."""
+
+    def __init__(self, left, right=None):
+        closed = "left" if right is None else "both"
+        super().__init__(Integral, left, right, closed=closed)
+
+    def is_satisfied_by(self, val):
+        return not isinstance(val, bool) and super().is_satisfied_by(val)
+
+
+# A loss weight (or L2 scale) is bounded as the model file bounds it, so that
+# every estimator that fits can be saved. Above it a weight is far past any
+# useful ratio between the losses, and a large enough one overflows float32
+# in Adam's squared gradients, which looks like a too-high learning rate.
+_WEIGHT = Interval(Real, 0, MAX_WEIGHT, closed="both")
+# Values beyond float32's range cannot even be handed to the optimizer.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class SemiSupervisedAssociationClassifier(
@@ -110,13 +136,15 @@ class SemiSupervisedAssociationClassifier(
         ``predict``; the inputs keep their own size in memory. Lets data of
         another size use a built-in network (28x28 MNIST digits in the
         32x32 SVHN network, say) and chooses the network of ``"auto"``.
+        Sides up to 65536; ``fit`` refuses a network for which memory is
+        short before building it.
     image_channels : {1, 3}, default=None
         Convert images to grey (1) or colour (3) before the network, like
         ``image_size``: grey is repeated into three channels, colour becomes
         its luma. None keeps the input's channels.
     embedding_dim : int, default=128
         Width of the embedding of the built-in networks (and of
-        :meth:`transform`'s output).
+        :meth:`transform`'s output), up to 65536.
     hidden_layer_sizes : tuple of int, default=(256, 256)
         Hidden layers of the ``"mlp"`` network before its embedding layer.
     labeled_per_class : int or "auto", default="auto"
@@ -166,7 +194,10 @@ class SemiSupervisedAssociationClassifier(
         ``learning_rate / lr_warmup_steps`` to ``learning_rate``, multiplying
         the schedule's rate. Must be below the number of steps.
     walker_weight : float, default=1.0
-        Weight of the walker loss.
+        Weight of the walker loss. Each loss weight (and ``l2_scale``,
+        ``consistency_weight``, ``balance_weight``) lies in ``[0, 1e6]``, as
+        in a model file: the weights act relative to each other, so weigh
+        one loss up by weighing the others down.
     visit_weight : float, default=1.0
         Weight of the visit loss. Lower it when the unlabeled data holds
         classes that the labeled data lacks.
@@ -453,58 +484,43 @@ class SemiSupervisedAssociationClassifier(
             torch.nn.Module,
         ],
         "input_shape": [tuple, list, None],
-        "image_size": [Interval(Integral, 1, None, closed="left"), tuple, list, None],
+        "image_size": [_Int(1, MAX_WIDTH), tuple, list, None],
         "image_channels": [Options(Integral, {1, 3}), None],
-        "embedding_dim": [Interval(Integral, 1, None, closed="left")],
+        "embedding_dim": [_Int(1, MAX_WIDTH)],
         "hidden_layer_sizes": [tuple, list],
-        "labeled_per_class": [
-            Interval(Integral, 1, None, closed="left"),
-            StrOptions({"auto"}),
-        ],
-        "unlabeled_batch_size": [
-            Interval(Integral, 1, None, closed="left"),
-            StrOptions({"auto"}),
-        ],
+        "labeled_per_class": [_Int(1), StrOptions({"auto"})],
+        "unlabeled_batch_size": [_Int(1), StrOptions({"auto"})],
         "unlabeled_sampling": [StrOptions(set(UNLABELED_SAMPLINGS))],
-        "max_iter": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
-        "learning_rate": [Interval(Real, 0, None, closed="neither")],
+        "max_iter": [_Int(1), StrOptions({"auto"})],
+        "learning_rate": [Interval(Real, 0, _FLOAT32_MAX, closed="right")],
         "lr_decay": [Interval(Real, 0, 1, closed="right")],
-        "lr_decay_steps": [
-            Interval(Integral, 1, None, closed="left"),
-            StrOptions({"auto"}),
-        ],
+        "lr_decay_steps": [_Int(1), StrOptions({"auto"})],
         "lr_schedule": [StrOptions(set(LR_SCHEDULES))],
-        "lr_warmup_steps": [Interval(Integral, 0, None, closed="left")],
-        "walker_weight": [Interval(Real, 0, None, closed="left")],
-        "visit_weight": [Interval(Real, 0, None, closed="left")],
-        "logit_weight": [Interval(Real, 0, None, closed="left")],
-        "association_delay": [Interval(Integral, 0, None, closed="left")],
-        "association_ramp_steps": [Interval(Integral, 0, None, closed="left")],
-        "l2_scale": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
+        "lr_warmup_steps": [_Int(0)],
+        "walker_weight": [_WEIGHT],
+        "visit_weight": [_WEIGHT],
+        "logit_weight": [_WEIGHT],
+        "association_delay": [_Int(0)],
+        "association_ramp_steps": [_Int(0)],
+        "l2_scale": [_WEIGHT, StrOptions({"auto"})],
         "augmentation": [None, StrOptions({"auto", "paper"}), dict],
-        "consistency_weight": [
-            Interval(Real, 0, None, closed="left"),
-            StrOptions({"auto"}),
-        ],
-        "balance_weight": [Interval(Real, 0, None, closed="left")],
+        "consistency_weight": [_WEIGHT, StrOptions({"auto"})],
+        "balance_weight": [_WEIGHT],
         "ema_decay": [None, Interval(Real, 0, 1, closed="left")],
         "precision": [StrOptions({"auto", "fp32", "tf32", "bf16"})],
         "cuda_graph": ["boolean", StrOptions({"auto"})],
         "compile": ["boolean", dict],
         "device": [str, torch.device],
-        "predict_batch_size": [
-            Interval(Integral, 1, None, closed="left"),
-            StrOptions({"auto"}),
-        ],
+        "predict_batch_size": [_Int(1), StrOptions({"auto"})],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
-        "validation_interval": [Interval(Integral, 1, None, closed="left")],
+        "validation_interval": [_Int(1)],
         "unlabeled_pool": [StrOptions(set(UNLABELED_POOLS))],
         "early_stopping": ["boolean"],
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
-        "tol": [Interval(Real, 0, None, closed="left")],
+        "n_iter_no_change": [_Int(1)],
+        "tol": [Interval(Real, 0, MAX_WEIGHT, closed="both")],
         "class_weight": [None, StrOptions({"balanced"}), dict],
         "class_prior": [StrOptions({"auto", "uniform"}), "array-like"],
     }
@@ -611,7 +627,10 @@ class SemiSupervisedAssociationClassifier(
 
         The fitted attributes change only when training has succeeded: a
         fit that fails, or that is interrupted before its first step
-        completes, leaves a fitted estimator as it was.
+        completes, leaves a fitted estimator as it was. A fit interrupted
+        later (Ctrl-C) keeps the model of the steps it completed (``n_iter_``
+        says how many) and then raises ``KeyboardInterrupt``, so that a
+        search or a script stops too.
 
         Parameters
         ----------
@@ -649,6 +668,11 @@ class SemiSupervisedAssociationClassifier(
         -------
         self : SemiSupervisedAssociationClassifier
             The fitted estimator.
+
+        Raises
+        ------
+        KeyboardInterrupt
+            On a Ctrl-C, after keeping what was trained (see above).
         """
         inputs = validate_training_inputs(self, X, y, sample_weight)
         validation = self._validation_set(X_val, y_val, inputs)
@@ -670,7 +694,13 @@ class SemiSupervisedAssociationClassifier(
             evaluate = self._scorer_during_fit(model, validation, inputs, settings)
             with precision_context(device, settings.training.precision):
                 result = train(model, batches, settings.training, device, evaluate)
-            class_prior = self._fitted_class_prior(model, inputs, settings)
+            prior_interrupted = False
+            try:
+                class_prior = self._fitted_class_prior(model, inputs, settings)
+            except KeyboardInterrupt:
+                # Training has ended: its model is kept, with equal frequencies.
+                class_prior = uniform_prior(len(inputs.classes))
+                prior_interrupted = True
         set_fitted_state(
             self,
             FittedState(
@@ -686,19 +716,12 @@ class SemiSupervisedAssociationClassifier(
                 device=device,
             ),
         )
+        interrupted = _interruption(result, settings.training, prior_interrupted)
+        if interrupted is not None:
+            # The fitted model is kept, but a search, a cross-validation or a
+            # script must stop rather than score it as a finished fit.
+            raise KeyboardInterrupt(interrupted)
         warn_if_labels_unlearned(result, len(inputs.classes), settings.training)
-        if result.interrupted:
-            kept = (
-                f"the best-scoring weights (step {result.best_step})"
-                if result.best_step is not None
-                else "the weights of the last completed step"
-            )
-            warnings.warn(
-                f"Training was interrupted after {result.n_iter} of "
-                f"{settings.training.max_iter} steps; the model keeps {kept}.",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
         return self
 
     def _continues(self):
@@ -710,6 +733,7 @@ class SemiSupervisedAssociationClassifier(
         device, spec = settings.device, settings.spec
         if previous is not None:
             return copy.deepcopy(previous.model).to(device)
+        _check_network_size(spec, device)
         embedder = None
         if spec.network == "custom":
             # A custom module may already live on a GPU: probe it there.
@@ -741,27 +765,11 @@ class SemiSupervisedAssociationClassifier(
         device = settings.device
         precision = resolve_precision(self.precision, device, images=inputs.images)
         batch_size = self._predict_batch_size(device)
-        try:
-            # Gathered a batch at a time: a memory map is never read whole.
-            proba = [
-                run_model(
-                    model, inputs.data[batch], device, precision, "proba", batch_size
-                )
-                for batch in np.split(
-                    indices, range(batch_size, len(indices), batch_size)
-                )
-            ]
-        except KeyboardInterrupt:
-            # As an interrupted training does: keep the trained model.
-            warnings.warn(
-                "Interrupted while estimating the class frequencies "
-                "(class_prior='auto') after training; the model keeps its "
-                "weights and predicts with equal frequencies. Fit again, or "
-                "set class_prior.",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-            return uniform_prior(len(inputs.classes))
+        # Gathered a batch at a time: a memory map is never read whole.
+        proba = [
+            run_model(model, inputs.data[batch], device, precision, "proba", batch_size)
+            for batch in np.split(indices, range(batch_size, len(indices), batch_size))
+        ]
         return estimate_class_prior(np.concatenate(proba))
 
     @staticmethod
@@ -1027,8 +1035,9 @@ class SemiSupervisedAssociationClassifier(
         ------
         ValueError
             If the estimator uses a custom ``torch.nn.Module`` network, a
-            parameter or label cannot be stored as JSON, or ``path`` is not
-            a regular file.
+            parameter or label cannot be stored as JSON or is beyond the
+            limits of model files (the user guide's table), or ``path`` is
+            not a regular file. Nothing is written then.
         """
         save_model(self, path)
 
@@ -1038,8 +1047,9 @@ class SemiSupervisedAssociationClassifier(
 
         The file configures only what it may: the network's architecture
         (checked against the weights present before anything is built),
-        the weights (finite float32 tensors), the classes and the training
-        hyperparameters, each within limits. ``compile`` and ``device`` are
+        the weights (finite float32 tensors), the classes, the output
+        configuration of ``set_output`` and the training hyperparameters,
+        each within limits. ``compile`` and ``device`` are
         never read from it (``compile`` is off, ``device`` is this method's
         argument). Anything outside these bounds is refused with a
         ``ValueError`` before it is allocated.
@@ -1062,12 +1072,11 @@ class SemiSupervisedAssociationClassifier(
         ValueError
             If the file is not a valid skassoc model file (truncated,
             tampered with, from an incompatible version, or outside the
-            limits above).
+            limits above). Files of formats 1 and 2, whose weights are a
+            torch pickle, are refused: convert them once with
+            :func:`~skassoc.convert_model_file`.
         """
-        params, state = load_model(path, device=device)
-        estimator = cls(**params)
-        set_fitted_state(estimator, state)
-        return estimator
+        return load_model(cls, path, device=device)
 
     def __getstate__(self):
         # Pickle the model on the CPU, so that a model trained on a GPU loads
@@ -1103,6 +1112,77 @@ class SemiSupervisedAssociationClassifier(
         # The network computes in float32 whatever the input dtype.
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
+
+
+def _interruption(result, config, prior_interrupted):
+    """What a fit cut short by a Ctrl-C kept, or None if it was not."""
+    parts = []
+    if result.interrupted:
+        kept = (
+            f"the best-scoring weights (step {result.best_step})"
+            if result.best_step is not None
+            else "the weights of the last completed step"
+        )
+        parts.append(
+            f"Training was interrupted after {result.n_iter} of "
+            f"{config.max_iter} steps; the estimator is fitted with {kept}. "
+            "Fit again to train it fully."
+        )
+    if prior_interrupted:
+        parts.append(
+            "Interrupted while estimating the class frequencies "
+            "(class_prior='auto') after training; the estimator is fitted with "
+            "the trained weights and predicts with equal class frequencies. "
+            "Fit again, or set class_prior."
+        )
+    return " ".join(parts) if parts else None
+
+
+def _check_network_size(spec, device):
+    """Refuse a network that cannot fit on ``device``, before allocating it.
+
+    A built-in network is built on the meta device, which allocates nothing,
+    and runs two samples there: its parameters (with their gradients and
+    Adam's two moments), the two samples' activations and the samples as
+    the network sees them (after ``image_size``) must fit in the free
+    memory. Only the last is known ahead of a custom module.
+    """
+    available = available_memory_bytes(device)
+    if available is None:
+        return
+    shape = spec.network_shape or (spec.n_features,)
+    needed = 2 * math.prod(shape) * 4
+    advice = ["image_size"] if spec.image_size is not None else []
+    parts = f"two samples of shape {tuple(shape)} as it sees them"
+    if spec.network != "custom":
+        # Running on the meta device imports torch._dynamo.
+        load_torch_dynamo()
+        with torch.device("meta"):
+            model = build_model(spec)
+            sample = torch.empty((2, *shape))
+            _, activation_bytes = probe_embedder(model.embedder, sample)
+        n_parameters = sum(p.numel() for p in model.parameters())
+        needed += 16 * n_parameters + 2 * activation_bytes
+        parts = (
+            f"{n_parameters:,} parameters with their gradients and Adam's "
+            f"moments, and {parts} with their activations"
+        )
+        advice.append("embedding_dim")
+        if spec.network == "mlp":
+            advice.append("hidden_layer_sizes")
+    if needed > available and advice:
+        raise ValueError(
+            f"The {spec.network} network needs at least {_memory(needed)} on "
+            f"{device} ({parts}), but about {_memory(available)} is free. "
+            f"Lower {' or '.join(advice)}."
+        )
+
+
+def _memory(n_bytes):
+    """``n_bytes`` for a message: in GiB, or in MiB below a tenth of one."""
+    if n_bytes >= 2**30 / 10:
+        return f"{n_bytes / 2**30:,.1f} GiB"
+    return f"{n_bytes / 2**20:,.1f} MiB"
 
 
 def fit_input_statistics(model, data, network):
@@ -1153,21 +1233,29 @@ def _check_step_memory(settings, model, activation_bytes):
     available = available_memory_bytes(settings.device)
     if available is None:
         return
-    n_parameters = sum(p.numel() for p in model.parameters())
+    n_classes = model.logits.out_features
+    has_batch_norm = any(
+        isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+        for module in model.modules()
+    )
     needed = step_memory_bytes(
-        settings,
-        model.logits.out_features,
-        model.logits.in_features,
-        activation_bytes,
-        n_parameters,
+        n_labeled=n_classes * settings.labeled_per_class,
+        n_unlabeled=settings.unlabeled_batch_size,
+        views=2 if settings.training.consistency_weight > 0 else 1,
+        embedding_dim=model.logits.in_features,
+        activation_bytes=activation_bytes,
+        n_parameters=sum(p.numel() for p in model.parameters()),
+        # The step never chunks a network with batch norm (see _training).
+        chunk_size=None if has_batch_norm else settings.training.embedding_chunk_size,
     )
     if needed > available:
         raise ValueError(
             f"One training step needs about {needed / 2**30:.1f} GiB on "
             f"{settings.device} but about {available / 2**30:.1f} GiB is free: "
-            f"{model.logits.out_features} classes x labeled_per_class="
+            f"{n_classes} classes x labeled_per_class="
             f"{settings.labeled_per_class} labeled and unlabeled_batch_size="
             f"{settings.unlabeled_batch_size} unlabeled samples, embedded in "
-            f"{model.logits.in_features} dimensions. Lower labeled_per_class, "
-            "unlabeled_batch_size or embedding_dim."
+            f"{model.logits.in_features} dimensions (the walker's matrices "
+            "grow with the square of the labeled batch). Lower "
+            "labeled_per_class, unlabeled_batch_size or embedding_dim."
         )

@@ -170,7 +170,8 @@ def probe_embedder(embedder, sample):
     Raises
     ------
     ValueError
-        If the output is not an ``(n, embedding_dim)`` float tensor with
+        If the module fails on ``sample`` (a first layer of another width),
+        or its output is not an ``(n, embedding_dim)`` float tensor with
         ``embedding_dim >= 1``.
     """
     total = [0]
@@ -185,6 +186,18 @@ def probe_embedder(embedder, sample):
         with torch.no_grad():
             embedder.eval()
             out = embedder(sample)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as exc:
+        # Only a user's module fails here; torch names the layer's shapes
+        # but not what the module was given.
+        raise ValueError(
+            f"The network cannot embed the training inputs, batches of shape "
+            f"(n, {', '.join(map(str, sample.shape[1:]))}) as it receives "
+            f"them: {exc}. Make its first layer take that shape (a Linear "
+            f"that takes them flattened needs in_features="
+            f"{math.prod(sample.shape[1:])}), or reshape X."
+        ) from exc
     finally:
         embedder.train(was_training)
         for hook in hooks:

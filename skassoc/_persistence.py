@@ -1,38 +1,44 @@
-"""Save and load fitted estimators in a pickle-free file that runs nothing.
+"""Save and load fitted estimators in a file that holds no pickle and runs nothing.
 
-A model file is one zip archive, starting at its first byte, with two
-members and no others:
+A model file (format 3) is one zip archive, starting at its first byte, with
+two members and no others:
 
 ``metadata.json``
     The format name and version, the skassoc and torch versions that wrote
-    it, the estimator's hyperparameters, the network's description, the
-    classes and the class frequencies that predictions assume, the training
-    history and the SHA-256 of ``weights.pt``.
-``weights.pt``
-    The network's ``state_dict`` on the CPU, written by :func:`torch.save`
-    and stored uncompressed.
+    it, the estimator's hyperparameters and output configuration
+    (``set_output``), the network's description, the classes and the class
+    frequencies that predictions assume, the training history and the
+    SHA-256 of ``weights.safetensors``.
+``weights.safetensors``
+    The network's ``state_dict`` on the CPU in the safetensors format,
+    stored uncompressed.
 
 What a file may do when it is loaded, and what it may not:
 
-- It is read as data: JSON, and tensors through
-  ``torch.load(weights_only=True)``; nothing in it is imported or executed.
+- It is read as data: JSON, and tensors through safetensors; nothing in it
+  is imported, executed or unpickled.
 - It describes a built-in network only. The description is checked against
-  limits and against the shapes of the weights actually present *before*
-  the network is built (on torch's meta device, which allocates nothing),
-  so a small file cannot make the process allocate much more than its own
-  size. Weights must be finite float32 tensors (integer counters of batch
-  norm aside).
+  limits, and the names, shapes and dtypes in the weights' header against
+  the network built on torch's meta device (which allocates nothing),
+  *before* any tensor is read; so a small file cannot make the process
+  allocate much more than its own size. Weights must be finite float32
+  tensors (integer counters of batch norm aside).
 - Each hyperparameter is taken only from a safe list, each within a bounded
-  domain (batch sizes, steps, widths). ``compile`` and ``device``, which
-  reach a compiler and the hardware, are never taken from a file:
+  domain, and together they may not ask a refit for more than a budget of
+  memory and work (see ``_refit_cost_problem``). ``compile`` and ``device``,
+  which reach a compiler and the hardware, are never taken from a file:
   ``compile`` is off and ``device`` is ``load``'s argument; a file that sets
   them gets a warning.
+
+Files of formats 1 and 2 stored the weights with :func:`torch.save`, whose
+reader unpickles; :func:`load_model` refuses them, and
+:func:`convert_model_file` converts them once, reading the old weights
+without unpickling (see ``_legacy_weights``).
 """
 
 import contextlib
 import glob
 import hashlib
-import io
 import json
 import math
 import os
@@ -45,16 +51,22 @@ import zlib
 from numbers import Real
 
 import numpy as np
+import safetensors.torch
 import torch
 
 from ._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
 from ._batches import UNLABELED_POOLS
+from ._defaults import MAX_LABELED_PER_CLASS, MAX_UNLABELED_BATCH_SIZE, network_macs
+from ._defaults import MAX_STEPS as AUTO_MAX_STEPS
 from ._device import resolve_device
-from ._fitted import FittedState, get_fitted_state
+from ._fitted import FittedState, get_fitted_state, set_fitted_state
+from ._image_format import check_image_size, formatted_shape
+from ._legacy_weights import LegacyWeightsError, read_records, read_tensors
 from ._model import ModelSpec, build_model, placed, spec_of_model
-from ._networks import NETWORKS
+from ._networks import NETWORKS, auto_network_name
 from ._prior import check_class_prior, uniform_prior
 from ._sampling import UNLABELED_SAMPLINGS
+from ._settings import walker_memory_bytes
 from ._training import LR_SCHEDULES
 from ._utils import is_integer, user_stacklevel
 from ._version import __version__
@@ -64,32 +76,62 @@ try:  # POSIX: lets a save tell a crashed save's temporary file from a live one.
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["save_model", "load_model", "FORMAT_NAME", "FORMAT_VERSION"]
+__all__ = [
+    "save_model",
+    "load_model",
+    "convert_model_file",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+]
 
 FORMAT_NAME = "skassoc-model"
 #: Bump on any change that an older skassoc could not read correctly.
-#: Version 2 added the class frequencies (``class_prior``); a version-1 file
-#: predicts with equal ones, as the skassoc that wrote it did.
-FORMAT_VERSION = 2
+#: Version 2 added the class frequencies (``class_prior``); version 3 stores
+#: the weights as safetensors instead of a torch pickle, and the output
+#: configuration of ``set_output``.
+FORMAT_VERSION = 3
 METADATA_MEMBER = "metadata.json"
-WEIGHTS_MEMBER = "weights.pt"
+# Why safetensors: its reader has no code path at all (a JSON header of
+# names, dtypes, shapes and byte offsets, then the raw bytes), it has no
+# strides or views (a tensor is exactly its bytes, so a small file cannot
+# claim a large tensor), and it checks every offset against the buffer.
+# NumPy's npz with allow_pickle=False is pickle-free too, but it is a zip
+# of .npy files inside our zip, each with a header that allows any dtype,
+# Fortran order and object arrays (refused only by a flag).
+WEIGHTS_MEMBER = "weights.safetensors"
+#: Where files of formats 1 and 2 kept their torch.save weights.
+LEGACY_WEIGHTS_MEMBER = "weights.pt"
 TEMPORARY_SUFFIX = ".skassoc-tmp"
 
 # metadata.json holds a few KiB of settings and a loss history of about a
 # hundred entries per curve; deflated JSON shrinks by a factor of about ten.
 MAX_METADATA_BYTES = 4 * 2**20
 MAX_METADATA_RATIO = 50
-# Limits on what a file may describe or ask the next fit to use.
+# The safetensors header of a built-in network takes about 100 bytes a
+# tensor, and the largest has about 60 tensors.
+MAX_HEADER_BYTES = 2**20
+# Limits on what a file may describe or ask the next fit to use; the user
+# guide's table of model file limits gives each one's reason.
 MAX_WIDTH = 2**16  # embedding, hidden layers, image sides, classes
 MAX_LAYERS = 64
-MAX_BATCH = 2**20
-MAX_STEPS = 10**7
+MAX_STEPS = 10**5
+MAX_BATCH = 2**16
+MAX_PREDICT_BATCH = 2**14
+MAX_STEP_BYTES = 16 * 2**30
+MAX_FIT_MACS = 3 * 10**16
 MAX_WEIGHT = 1e6  # loss weights, L2 scales
 MAX_LABEL_CHARS = 1024
 # Values of the tensors a file may lack (buffers older files did not have).
 MAX_DEFAULTED_VALUES = 1024
 # End of central directory record of a zip without comment: 22 bytes.
 _END_RECORD = struct.Struct("<4s4H2LH")
+# The dtypes of built-in networks' weights, as safetensors names them.
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "I64": torch.int64}
+# The containers of set_output(transform=...) that a file may ask for.
+OUTPUT_CONTAINERS = ("default", "pandas", "polars")
+# How often a save tries a new temporary name after another save's
+# clean-up took its file (see _locked_temporary).
+_TEMPORARY_TRIES = 100
 
 _CLASS_VALUE_CHECKS = {
     "b": lambda v: isinstance(v, bool),
@@ -186,7 +228,7 @@ def _class_weight(value):
     def is_label(key):
         if isinstance(key, str):
             return len(key) <= MAX_LABEL_CHARS
-        return is_integer(key) or _float_in(-MAX_STEPS, MAX_STEPS)(key)
+        return is_integer(key) or _float_in(-math.inf, math.inf)(key)
 
     return (
         isinstance(value, list)
@@ -243,7 +285,7 @@ SAFE_PARAMS = {
     "ema_decay": _float_in(0, 1, None),
     "precision": _one_of("auto", "fp32", "tf32", "bf16"),
     "cuda_graph": _one_of(True, False, "auto"),
-    "predict_batch_size": _int_in(1, MAX_BATCH, "auto"),
+    "predict_batch_size": _int_in(1, MAX_PREDICT_BATCH, "auto"),
     "random_state": _int_in(0, 2**32 - 1, None),
     "verbose": _int_in(0, 100, True, False),
     "warm_start": _one_of(True, False),
@@ -258,6 +300,116 @@ SAFE_PARAMS = {
 }
 # Parameters stored as JSON lists that the estimator takes as tuples.
 _TUPLE_PARAMS = ("input_shape", "image_size", "hidden_layer_sizes")
+
+
+# ------------------------------------------------------ what a refit costs
+
+
+def _refit_cost_problem(params, spec):
+    """Why a fit with ``params`` would cost more than a model file may ask.
+
+    A file's parameters are those of the next fit (``warm_start``, or a
+    search that clones the loaded model): parameters that the domains above
+    accept one by one could still, together, ask for a step beyond any
+    memory or a fit of days. The step's memory (the walker's matrices, see
+    :func:`walker_memory_bytes`, and the network's weights with their
+    gradients and Adam's moments) and the whole fit's multiply-adds (the
+    network's forward and backward passes over every embedded sample, and
+    the walker's matrix products) must stay within ``MAX_STEP_BYTES`` and
+    ``MAX_FIT_MACS``, for the network of the file and for the one its
+    parameters describe (``set_params`` after the fit may differ).
+    ``"auto"`` counts as the most it can become.
+
+    Returns
+    -------
+    problem : str or None
+    """
+    n_labeled = spec.n_classes * _at_most(
+        params, "labeled_per_class", MAX_LABELED_PER_CLASS
+    )
+    n_unlabeled = _at_most(params, "unlabeled_batch_size", MAX_UNLABELED_BATCH_SIZE)
+    steps = _at_most(params, "max_iter", AUTO_MAX_STEPS)
+    views = 1 if params.get("consistency_weight", "auto") == 0 else 2
+    if n_labeled > MAX_BATCH:
+        return (
+            f"labeled_per_class x {spec.n_classes} classes = {n_labeled} "
+            f"labeled samples a step, more than {MAX_BATCH}"
+        )
+    rows = n_labeled + views * n_unlabeled
+    batch = f"{n_labeled} labeled and {views} x {n_unlabeled} unlabeled samples"
+    for network in _refit_networks(params, spec):
+        n_weights, sample_macs = _network_cost(network)
+        memory = walker_memory_bytes(n_labeled, n_unlabeled, views) + 16 * n_weights
+        if memory > MAX_STEP_BYTES:
+            return (
+                f"a step of {batch} through a network of {n_weights} weights "
+                f"needs about {memory / 2**30:.0f} GiB, more than "
+                f"{MAX_STEP_BYTES // 2**30} GiB"
+            )
+        walker_macs = n_labeled * n_unlabeled * (views * network.embedding_dim)
+        walker_macs += n_labeled * n_labeled * n_unlabeled
+        # The backward pass costs about twice the forward one.
+        fit_macs = 3 * steps * (rows * sample_macs + walker_macs)
+        if fit_macs > MAX_FIT_MACS:
+            return (
+                f"{steps} steps of {batch} need about {fit_macs:.1e} "
+                f"multiply-adds, more than {MAX_FIT_MACS:.0e}"
+            )
+    return None
+
+
+def _at_most(params, name, auto_bound):
+    value = params.get(name, "auto")
+    return auto_bound if value == "auto" else value
+
+
+def _refit_networks(params, spec):
+    """The file's network, then the one a fit on data like its own would build."""
+    yield spec
+    network = params.get("network", "auto")
+    image_size = params.get("image_size")
+    channels = params.get("image_channels")
+    if spec.input_shape is None and (
+        network not in ("auto", "mlp") or (image_size, channels) != (None, None)
+    ):
+        return  # such a fit needs images: it stops at its validation
+    size = None if image_size is None else check_image_size(image_size)
+    shape = None
+    if spec.input_shape is not None:
+        shape = formatted_shape(spec.input_shape, size, channels)
+    if network == "auto":
+        network = auto_network_name(shape)
+    yield ModelSpec(
+        network=network,
+        input_shape=spec.input_shape,
+        n_features=spec.n_features,
+        n_classes=spec.n_classes,
+        embedding_dim=params.get("embedding_dim", spec.embedding_dim),
+        hidden_layer_sizes=(
+            tuple(params.get("hidden_layer_sizes", spec.hidden_layer_sizes))
+            if network == "mlp"
+            else ()
+        ),
+        image_size=size,
+        image_channels=channels,
+    )
+
+
+def _network_cost(spec):
+    """Weights of ``spec``'s network (counted on torch's meta device, which
+    allocates nothing) and multiply-adds of one sample's forward pass."""
+    try:
+        n_weights = sum(t.numel() for t in _meta_model(spec).state_dict().values())
+    except (ValueError, RuntimeError, TypeError):
+        # No such network (an image too small for it, say): a fit would
+        # refuse it before training.
+        return 0, 0
+    shape = spec.network_shape
+    n_features = spec.n_features if shape is None else math.prod(shape)
+    macs = network_macs(
+        spec.network, shape, n_features, spec.embedding_dim, spec.hidden_layer_sizes
+    )
+    return n_weights, macs
 
 
 # ----------------------------------------------------------------- saving
@@ -279,33 +431,26 @@ def save_model(estimator, path):
         If the estimator is not fitted.
     ValueError
         If the estimator uses a custom network, a parameter or the labels
-        cannot be stored as JSON, a parameter is outside the values that
-        :func:`load_model` accepts, or ``path`` is not a regular file.
+        cannot be stored as JSON, a parameter (or their refit cost) is
+        outside the values that :func:`load_model` accepts, or ``path`` is
+        not a regular file. Nothing is written then.
     """
     path = _as_path(path)
     state = get_fitted_state(estimator)
-    if state.network not in NETWORKS:
-        raise ValueError(
-            "save can only save estimators with a built-in network "
-            f"({sorted(NETWORKS)}); this one uses a custom torch.nn.Module, "
-            "whose code a model file cannot hold without pickle. Pickle it "
-            "(trusted files only), or save the weights with "
-            "torch.save(estimator.model_.state_dict(), path); to load them, fit "
-            "an estimator with the same network for max_iter=1 on data of the "
-            "same shape and classes, then call estimator.model_.load_state_dict("
-            "torch.load(path, weights_only=True))."
-        )
-    weights = _weights_bytes(state.model)
-    params = estimator.get_params(deep=False)
+    _check_builtin(state.network)
     spec = spec_of_model(
         state.model, state.network, state.input_shape, state.n_features_in
     )
+    params = _encode_params(estimator.get_params(deep=False))
+    _check_savable_cost(params, spec)
+    weights = _weights_bytes(state.model)
     metadata = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "skassoc_version": _skassoc_version(),
         "torch_version": str(torch.__version__),
-        "params": _encode_params(params),
+        "params": params,
+        "output_config": _encode_output_config(estimator),
         "network": _encode_spec(spec),
         "classes": _encode_classes(state.classes),
         "class_prior": _encode_class_prior(state.class_prior, len(state.classes)),
@@ -320,9 +465,52 @@ def save_model(estimator, path):
         },
         "weights_sha256": hashlib.sha256(weights).hexdigest(),
     }
+    _write_atomically(path, _metadata_bytes(metadata), weights)
+
+
+def _check_builtin(network):
+    if network not in NETWORKS:
+        raise ValueError(
+            "save can only save estimators with a built-in network "
+            f"({sorted(NETWORKS)}); this one uses a custom torch.nn.Module, "
+            "whose code a model file cannot hold without pickle. Pickle it "
+            "(trusted files only), or save the weights with "
+            "torch.save(estimator.model_.state_dict(), path); to load them, fit "
+            "an estimator with the same network for max_iter=1 on data of the "
+            "same shape and classes, then call estimator.model_.load_state_dict("
+            "torch.load(path, weights_only=True))."
+        )
+
+
+def _metadata_bytes(metadata):
     # allow_nan: a loss history may hold NaN; Python's json reads it back.
-    text = json.dumps(metadata, indent=2, allow_nan=True)
-    _write_atomically(path, text.encode("utf-8"), weights)
+    return json.dumps(metadata, indent=2, allow_nan=True).encode("utf-8")
+
+
+def _check_savable_cost(params, spec):
+    problem = _refit_cost_problem(params, spec)
+    if problem is not None:
+        raise ValueError(
+            f"Cannot save these parameters: {problem}, which is more than a "
+            "model file may ask a refit for (load would refuse the file). "
+            "The fitted model does not need them: lower max_iter or the "
+            "batch sizes with set_params before saving, and set them again "
+            "after loading."
+        )
+
+
+def _encode_output_config(estimator):
+    """The ``set_output`` container of ``transform``, if one was set."""
+    config = getattr(estimator, "_sklearn_output_config", {})
+    if "transform" not in config:
+        return {}
+    container = config["transform"]
+    if container not in OUTPUT_CONTAINERS:
+        raise ValueError(
+            f"Cannot save set_output(transform={container!r}): a model file "
+            f"holds one of {list(OUTPUT_CONTAINERS)}."
+        )
+    return {"transform": container}
 
 
 def _encode_class_prior(class_prior, n_classes):
@@ -358,9 +546,7 @@ def _weights_bytes(model):
         name: tensor.detach().to("cpu").contiguous()
         for name, tensor in model.state_dict().items()
     }
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
+    return safetensors.torch.save(state)
 
 
 def _encode_params(params):
@@ -372,6 +558,9 @@ def _encode_params(params):
         if name == "class_weight" and isinstance(value, dict):
             # JSON keys are strings; the labels keep their type as pairs.
             value = [[key, weight] for key, weight in value.items()]
+        if name == "class_prior" and isinstance(value, torch.Tensor):
+            # fit reads the values; a tensor that requires grad has them too.
+            value = value.detach().cpu().numpy()
         if name == "class_prior" and not isinstance(value, (str, list)):
             value = np.asarray(value).tolist()  # an array or a pandas Series
         try:
@@ -434,15 +623,26 @@ def _encode_classes(classes):
     kind = classes.dtype.kind
     if classes.ndim != 1 or kind not in _CLASS_VALUE_CHECKS:
         raise ValueError(_unsupported_classes(classes))
-    if kind == "O":
-        if not all(isinstance(label, str) for label in classes):
-            raise ValueError(_unsupported_classes(classes))
-        values = [str(label) for label in classes]
-    else:
-        # .tolist() gives Python bools, ints, floats and strs: exact in JSON
-        # (floats are written with repr, which round-trips).
-        values = classes.tolist()
-    return {"dtype": classes.dtype.str, "values": values}
+    if kind not in "UO":
+        # .tolist() gives Python bools, ints, floats: exact in JSON (floats
+        # are written with repr, which round-trips).
+        return {"dtype": classes.dtype.str, "values": classes.tolist()}
+    if not all(isinstance(label, str) for label in classes):
+        raise ValueError(_unsupported_classes(classes))
+    values = [str(label) for label in classes]
+    longest = max(values, key=len)
+    if len(longest) > MAX_LABEL_CHARS:
+        raise ValueError(
+            f"Cannot save classes_ with a label of {len(longest)} characters "
+            f"({longest[:40]!r}...): a model file holds labels of up to "
+            f"{MAX_LABEL_CHARS} characters (load refuses longer ones, which "
+            "bounds the memory a file's labels may take). Map the labels to "
+            "shorter ones, or to integers, before fitting."
+        )
+    # The width of a "<U2000" array holding short labels is not kept: load
+    # bounds it, and the labels need only the width of the longest.
+    dtype = np.asarray(values).dtype if kind == "U" else classes.dtype
+    return {"dtype": dtype.str, "values": values}
 
 
 def _unsupported_classes(classes):
@@ -470,15 +670,9 @@ def _check_target(path):
 def _write_atomically(path, metadata, weights):
     _check_target(path)
     _remove_stale_temporaries(path)
-    # A fresh name beside the target: os.replace is atomic only within one
-    # file system, and "x" mode never clobbers another writer's file.
-    tmp_path = f"{path}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
+    handle, tmp_path = _locked_temporary(path)
     try:
-        with open(tmp_path, "xb") as handle:
-            if fcntl is not None:
-                # Held until the file is renamed: a save that finds the
-                # lock free knows this writer has died.
-                fcntl.flock(handle, fcntl.LOCK_EX)
+        with handle:
             with zipfile.ZipFile(handle, "w") as archive:
                 archive.writestr(
                     METADATA_MEMBER, metadata, compress_type=zipfile.ZIP_DEFLATED
@@ -491,6 +685,7 @@ def _write_atomically(path, metadata, weights):
                 )
             handle.flush()
             os.fsync(handle.fileno())
+            # Renamed while still locked: no clean-up can take it before.
             os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -498,12 +693,48 @@ def _write_atomically(path, metadata, weights):
         raise
 
 
+def _locked_temporary(path):
+    """A new temporary file beside ``path``, open for writing and locked.
+
+    A fresh name beside the target: os.replace is atomic only within one file
+    system, and "x" mode never clobbers another writer's file. The lock is
+    held until the file is renamed, so a save that finds it free knows its
+    writer has died. Between creating the file and locking it, another
+    save's clean-up may take it for such a file and delete it: the name then
+    no longer leads to the locked file, and a new name is tried.
+    """
+    for _ in range(_TEMPORARY_TRIES):
+        tmp_path = f"{path}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
+        handle = open(tmp_path, "xb")
+        if fcntl is None:
+            return handle, tmp_path
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        if _names_file(tmp_path, handle):
+            return handle, tmp_path
+        handle.close()
+    raise OSError(
+        f"Could not keep a temporary file beside {path!r}: other saves kept "
+        "deleting it."
+    )
+
+
+def _names_file(path, handle):
+    """Whether ``path`` is still a name of the open file ``handle``."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(handle.fileno())
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
 def _remove_stale_temporaries(path):
     """Delete the temporary files of earlier saves of ``path`` that crashed.
 
-    A live save holds a lock on its temporary file until it renames it, so a
-    temporary file whose lock can be taken belongs to a dead process.
-    Without ``fcntl`` (Windows) they are left for the user to delete.
+    A live save holds a lock on its temporary file until it renames it (see
+    :func:`_locked_temporary`), so a temporary file whose lock can be taken,
+    and that its name still leads to, belongs to a dead process. Without
+    ``fcntl`` (Windows) they are left for the user to delete.
     """
     if fcntl is None:
         return
@@ -511,17 +742,20 @@ def _remove_stale_temporaries(path):
         with contextlib.suppress(OSError):
             with open(stale, "rb") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.unlink(stale)
+                if _names_file(stale, handle):
+                    os.unlink(stale)
 
 
 # ---------------------------------------------------------------- loading
 
 
-def load_model(path, *, device="auto"):
+def load_model(estimator_class, path, *, device="auto"):
     """Read a model file written by :func:`save_model`.
 
     Parameters
     ----------
+    estimator_class : type
+        The estimator to build (``SemiSupervisedAssociationClassifier``).
     path : str, bytes or os.PathLike
         The model file.
     device : str or torch.device, default="auto"
@@ -529,35 +763,148 @@ def load_model(path, *, device="auto"):
 
     Returns
     -------
-    params : dict
-        The estimator's parameters (``device`` is this function's).
-    state : FittedState
-        Its fitted state, the model on ``device``.
+    estimator : estimator_class
+        Fitted, with the file's parameters (``device`` is this function's)
+        and output configuration, the model on ``device``.
 
     Raises
     ------
     ValueError
         If the file is not a valid model file, asks for more than the
-        limits allow, or was written by a newer skassoc.
+        limits allow, was written by a newer skassoc, or is of format 1 or
+        2 (see :func:`convert_model_file`).
     """
     resolved = resolve_device(device)
     name = _as_path(path)
     try:
-        metadata, weights = _read_archive(name)
-        _check_format(metadata, name)
-        params = _decode_params(_field(metadata, "params", dict))
-        if metadata["format_version"] == 1:
-            # Written before class_prior existed: it predicted with equal ones.
-            params.setdefault("class_prior", "uniform")
-        params["device"] = device
-        state = _decode_state(metadata, weights, resolved)
+        metadata, weights_member, weights = _read_archive(name)
+        version = _check_format(metadata, name, weights_member)
+        if version < FORMAT_VERSION:
+            raise ValueError(_legacy_advice(name, metadata, version))
+        params, state, output = _decode_file(metadata, weights, resolved)
     except InvalidModelFile as exc:
         raise ValueError(f"{name!r} is not a valid skassoc model file: {exc}") from None
-    return params, state
+    estimator = estimator_class(**params, device=device)
+    set_fitted_state(estimator, state)
+    if output:
+        estimator.set_output(**output)
+    return estimator
+
+
+def _legacy_advice(path, metadata, version):
+    return (
+        f"{path!r} is a skassoc model file of format version {version} "
+        f"(skassoc {str(metadata.get('skassoc_version', '?'))[:40]}), whose "
+        "weights are a torch pickle; this skassoc reads only format "
+        f"{FORMAT_VERSION}, which holds no pickle. Convert the file once with "
+        f"skassoc.convert_model_file({path!r}, new_path), which reads the old "
+        "weights without unpickling them and checks them as load does, or "
+        "fit the model again and save it."
+    )
+
+
+def _decode_file(metadata, weights, device):
+    """The parameters, fitted state and output configuration of a file."""
+    params = _decode_params(_field(metadata, "params", dict))
+    output = _decode_output_config(metadata.get("output_config"))
+    state = _decode_state(metadata, weights, device, params)
+    return params, state, output
+
+
+# -------------------------------------------------------------- converting
+
+
+def convert_model_file(source, destination):
+    """Convert a model file of format 1 or 2 to today's format, without pickle.
+
+    Files of formats 1 and 2, written by earlier versions of skassoc,
+    stored the network's weights with :func:`torch.save`, whose reader
+    unpickles; :meth:`~skassoc.SemiSupervisedAssociationClassifier.load`
+    refuses them. This reads their weights without unpickling: the pickle's
+    opcodes are decoded, never executed, and only a plain dict of
+    contiguous float32 and int64 tensors is accepted, each tensor matched
+    against the network the file describes before its bytes are read. The
+    converted file is checked as ``load`` checks it before it is written;
+    ``compile`` and ``device``, which ``load`` never takes from a file, are
+    left out of it.
+
+    Parameters
+    ----------
+    source : str, bytes or os.PathLike
+        A model file of format 1 or 2.
+    destination : str, bytes or os.PathLike
+        Where to write the converted file (``source`` itself replaces it).
+
+    Raises
+    ------
+    ValueError
+        If ``source`` is not a valid model file of format 1 or 2 (already
+        converted, tampered with), or its parameters are beyond today's
+        limits of model files.
+
+    See Also
+    --------
+    SemiSupervisedAssociationClassifier.load : Load the converted file.
+
+    Notes
+    -----
+    Read more in the :ref:`User Guide <user_guide_persistence>`.
+    """
+    source, destination = _as_path(source), _as_path(destination)
+    try:
+        metadata, weights_member, legacy = _read_archive(source)
+        version = _check_format(metadata, source, weights_member)
+        if version == FORMAT_VERSION:
+            raise ValueError(
+                f"{source!r} is already of format {FORMAT_VERSION}: there is "
+                "nothing to convert; load it."
+            )
+        metadata, weights = _converted(metadata, legacy, version)
+        _decode_file(metadata, weights, torch.device("cpu"))
+    except InvalidModelFile as exc:
+        raise ValueError(
+            f"{source!r} is not a valid skassoc model file: {exc}"
+        ) from None
+    _write_atomically(destination, _metadata_bytes(metadata), weights)
+
+
+def _converted(metadata, legacy, version):
+    """The metadata and safetensors weights of format 3 for an older file."""
+    _check_checksum(metadata, legacy, LEGACY_WEIGHTS_MEMBER)
+    classes = _decode_classes(_field(metadata, "classes", dict))
+    spec = _decode_spec(_field(metadata, "network", dict), len(classes))
+    try:
+        records = read_records(legacy)
+        present = {key: (record.shape, record.dtype) for key, record in records.items()}
+        _check_weights_fit(_expected_weights(spec), present)
+        weights = safetensors.torch.save(read_tensors(legacy, records))
+    except LegacyWeightsError as exc:
+        raise InvalidModelFile(f"{LEGACY_WEIGHTS_MEMBER}: {exc}") from None
+    params = {
+        name: value
+        for name, value in _field(metadata, "params", dict).items()
+        if name not in NEVER_FROM_FILE
+    }
+    if version == 1:
+        # Written before class_prior existed: it predicted with equal ones.
+        params.setdefault("class_prior", "uniform")
+        metadata["class_prior"] = uniform_prior(len(classes)).tolist()
+    metadata.update(
+        format_version=FORMAT_VERSION,
+        skassoc_version=_skassoc_version(),
+        torch_version=str(torch.__version__),
+        params=params,
+        output_config={},
+        weights_sha256=hashlib.sha256(weights).hexdigest(),
+    )
+    return metadata, weights
+
+
+# ----------------------------------------------------------- the archive
 
 
 def _read_archive(path):
-    """The metadata (parsed) and the weights' bytes of the archive at ``path``."""
+    """The metadata (parsed), the weights member's name and its bytes."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -570,8 +917,9 @@ def _read_archive(path):
         _check_zip_bounds(handle)
         try:
             with zipfile.ZipFile(handle) as archive:
+                weights_member = _weights_member(archive)
                 raw_metadata = _read_member(archive, METADATA_MEMBER)
-                weights = _read_member(archive, WEIGHTS_MEMBER)
+                weights = _read_member(archive, weights_member)
         except InvalidModelFile:
             raise
         except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError) as exc:
@@ -589,7 +937,7 @@ def _read_archive(path):
         raise InvalidModelFile(f"{METADATA_MEMBER} is not valid JSON: {exc}") from None
     if not isinstance(metadata, dict):
         raise InvalidModelFile(f"{METADATA_MEMBER} is not a JSON object.")
-    return metadata, weights
+    return metadata, weights_member, weights
 
 
 def _check_zip_bounds(handle):
@@ -616,20 +964,34 @@ def _check_zip_bounds(handle):
     handle.seek(0)
 
 
-def _read_member(archive, member):
-    """One member's bytes, after checks of the archive's members and sizes."""
+def _weights_member(archive):
+    """The name of the weights member, after checks of the archive's members."""
     names = archive.namelist()
-    unknown = sorted(set(names) - {METADATA_MEMBER, WEIGHTS_MEMBER})
+    allowed = {METADATA_MEMBER, WEIGHTS_MEMBER, LEGACY_WEIGHTS_MEMBER}
+    unknown = sorted(set(names) - allowed)
     if unknown:
         raise InvalidModelFile(f"the archive holds unknown members {unknown[:3]}.")
-    if member not in names:
-        raise InvalidModelFile(f"the archive has no {member}.")
-    if names.count(member) > 1:
-        raise InvalidModelFile(f"the archive holds {member} twice.")
+    for name in set(names):
+        if names.count(name) > 1:
+            raise InvalidModelFile(f"the archive holds {name} twice.")
+    if METADATA_MEMBER not in names:
+        raise InvalidModelFile(f"the archive has no {METADATA_MEMBER}.")
+    weights = [name for name in names if name != METADATA_MEMBER]
+    if len(weights) != 1:
+        raise InvalidModelFile(
+            f"the archive has no {WEIGHTS_MEMBER}"
+            if not weights
+            else f"the archive holds both {weights[0]} and {weights[1]}."
+        )
+    return weights[0]
+
+
+def _read_member(archive, member):
+    """One member's bytes, after checks of its place and sizes."""
     info = archive.getinfo(member)
     if info.header_offset < 0 or info.flag_bits & 0x1:
         raise InvalidModelFile(f"{member} is encrypted or misplaced.")
-    if member == WEIGHTS_MEMBER:
+    if member != METADATA_MEMBER:
         if info.compress_type != zipfile.ZIP_STORED:
             raise InvalidModelFile(f"{member} is compressed; it is always stored.")
         limit = info.compress_size
@@ -649,7 +1011,8 @@ def _read_member(archive, member):
     return data
 
 
-def _check_format(metadata, path):
+def _check_format(metadata, path, weights_member):
+    """The file's format version, once its name, version and weights agree."""
     if metadata.get("format") != FORMAT_NAME:
         raise InvalidModelFile(
             f"its format is {str(metadata.get('format'))[:40]!r}, not {FORMAT_NAME!r}."
@@ -665,6 +1028,13 @@ def _check_format(metadata, path):
             f"skassoc ({_skassoc_version()}) reads format versions up to "
             f"{FORMAT_VERSION}. Upgrade skassoc to load it."
         )
+    expected = WEIGHTS_MEMBER if version == FORMAT_VERSION else LEGACY_WEIGHTS_MEMBER
+    if weights_member != expected:
+        raise InvalidModelFile(
+            f"format version {version} keeps its weights in {expected}, not "
+            f"{weights_member}."
+        )
+    return version
 
 
 def _decode_params(params):
@@ -699,18 +1069,34 @@ def _decode_params(params):
     return decoded
 
 
-def _decode_state(metadata, weights, device):
-    """The fitted state of the file: its network, built only once checked."""
-    expected = _field(metadata, "weights_sha256", str)
-    if hashlib.sha256(weights).hexdigest() != expected:
+def _decode_output_config(config):
+    """``set_output``'s arguments from the file: {} or one known container."""
+    valid = isinstance(config, dict) and (
+        config == {}
+        or (list(config) == ["transform"] and config["transform"] in OUTPUT_CONTAINERS)
+    )
+    if not valid:
         raise InvalidModelFile(
-            f"the SHA-256 of {WEIGHTS_MEMBER} does not match the one in "
-            f"{METADATA_MEMBER}; the file was corrupted or altered."
+            f"bad output_config {str(config)[:60]} (set_output's transform "
+            f"container, one of {list(OUTPUT_CONTAINERS)}, or nothing)."
         )
+    return dict(config)
+
+
+def _decode_state(metadata, weights, device, params):
+    """The fitted state of the file: its network, built only once checked."""
+    _check_checksum(metadata, weights, WEIGHTS_MEMBER)
     classes = _decode_classes(_field(metadata, "classes", dict))
     spec = _decode_spec(_field(metadata, "network", dict), len(classes))
-    state_dict = _read_weights(weights)
-    model = _build_checked(spec, state_dict)
+    present = _safetensors_header(weights)
+    _check_weights_fit(_expected_weights(spec), present)
+    problem = _refit_cost_problem(params, spec)
+    if problem is not None:
+        raise InvalidModelFile(
+            f"its parameters ask a refit for more than a model file may: {problem}."
+        )
+    state_dict = _read_weights(weights, present)
+    model = _build_loaded(spec, state_dict)
     names = metadata.get("feature_names_in")
     if names is not None and (
         not isinstance(names, list)
@@ -734,6 +1120,15 @@ def _decode_state(metadata, weights, device):
         history=_decode_history(_field(metadata, "history", dict)),
         device=device,
     )
+
+
+def _check_checksum(metadata, weights, member):
+    expected = _field(metadata, "weights_sha256", str)
+    if hashlib.sha256(weights).hexdigest() != expected:
+        raise InvalidModelFile(
+            f"the SHA-256 of {member} does not match the one in "
+            f"{METADATA_MEMBER}; the file was corrupted or altered."
+        )
 
 
 def _decode_spec(entry, n_classes):
@@ -777,68 +1172,121 @@ def _decode_spec(entry, n_classes):
     )
 
 
-def _read_weights(weights):
-    """The weights as a dict of CPU tensors, refused unless plain and finite."""
+# ------------------------------------------------------------- the weights
+
+
+def _meta_model(spec):
+    """``spec``'s model on torch's meta device: shapes only, no memory.
+
+    Initialising meta tensors draws no random numbers, so no generator is
+    touched (a fit in another thread keeps its stream).
+    """
+    with torch.device("meta"):
+        return build_model(spec)
+
+
+def _expected_weights(spec):
+    """Name, shape and dtype of each tensor of ``spec``'s ``state_dict``."""
     try:
-        state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
+        skeleton = _meta_model(spec)
+    except (ValueError, RuntimeError, TypeError) as exc:
+        # A description that passed the checks but builds no network (e.g.
+        # an image smaller than the network needs).
+        raise InvalidModelFile(f"cannot rebuild its network: {exc}") from None
+    return {key: (tuple(t.shape), t.dtype) for key, t in skeleton.state_dict().items()}
+
+
+def _read_weights(weights, present):
+    """The weights as a dict of CPU tensors, refused unless finite.
+
+    ``present`` is what the safetensors header declares, already matched
+    against the network: no tensor is read, copied or checked before its
+    shape and dtype are known to be the network's.
+    """
+    try:
+        state = safetensors.torch.load(weights)
     except Exception as exc:  # any failure to read it means a bad file
-        # weights_only refuses anything but tensors and plain containers;
-        # its UnpicklingError (or a torn file's error) lands here.
+        # SafetensorError: offsets outside the buffer, gaps, overlaps, a
+        # torn file.
         raise InvalidModelFile(
-            f"{WEIGHTS_MEMBER} is not a plain tensor state dict: "
+            f"{WEIGHTS_MEMBER} is not a valid safetensors buffer: "
             f"{type(exc).__name__}: {str(exc)[:200]}"
         ) from None
-    if not isinstance(state, dict) or not all(
-        isinstance(key, str)
-        and isinstance(value, torch.Tensor)
-        and value.layout == torch.strided
-        for key, value in state.items()
-    ):
-        raise InvalidModelFile(
-            f"{WEIGHTS_MEMBER} is not a tensor state dict (of dense tensors)."
-        )
+    if {key: (tuple(t.shape), t.dtype) for key, t in state.items()} != present:
+        raise InvalidModelFile(f"{WEIGHTS_MEMBER} holds other tensors than its header.")
     for key, tensor in state.items():
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise InvalidModelFile(f"weight {key[:60]!r} holds NaN or infinity.")
     return state
 
 
-def _build_checked(spec, state_dict):
-    """Build ``spec``'s model after checking it against the weights present.
-
-    The network is first built on torch's meta device (shapes only, no
-    memory), so an architecture that the weights do not fill is refused
-    before anything of its size is allocated. Tensors missing from the file
-    are allowed only if they are small (at most ``MAX_DEFAULTED_VALUES``
-    values): buffers that files of earlier versions lack, such as an image
-    network's input scale, which the network then fills with its defaults.
-    """
+def _safetensors_header(weights):
+    """Name, shape and dtype of each tensor that the safetensors header declares."""
+    if len(weights) < 8:
+        raise InvalidModelFile(f"{WEIGHTS_MEMBER} is too short for a header.")
+    (size,) = struct.unpack("<Q", weights[:8])
+    if size > min(MAX_HEADER_BYTES, len(weights) - 8):
+        raise InvalidModelFile(
+            f"{WEIGHTS_MEMBER} declares a header of {size} bytes; it holds at "
+            f"most {MAX_HEADER_BYTES}, within the member."
+        )
     try:
-        # Building draws random initial weights, which the saved ones
-        # replace; fork the RNG so loading leaves the caller's stream as it was.
+        header = json.loads(weights[8 : 8 + size], object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidModelFile(
+            f"the header of {WEIGHTS_MEMBER} is not valid JSON: {exc}"
+        ) from None
+    if not isinstance(header, dict):
+        raise InvalidModelFile(f"the header of {WEIGHTS_MEMBER} is not a JSON object.")
+    present = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            # safetensors' free-form strings, which save never writes.
+            raise InvalidModelFile(f"{WEIGHTS_MEMBER} holds a __metadata__ entry.")
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if not (
+            isinstance(shape, list)
+            and all(is_integer(size) and size >= 0 for size in shape)
+            and isinstance(dtype, str)
+        ):
+            raise InvalidModelFile(
+                f"bad header entry {key[:60]!r} in {WEIGHTS_MEMBER}."
+            )
+        # Other dtypes stay names, which no network's tensor matches.
+        present[key] = (tuple(shape), _SAFETENSORS_DTYPES.get(dtype, dtype[:10]))
+    return present
+
+
+def _unique_keys(pairs):
+    # Two entries of one name: this parser and safetensors' might keep
+    # different ones, and the one checked would not be the one read.
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("a name appears twice")
+    return dict(pairs)
+
+
+def _build_loaded(spec, state_dict):
+    """``spec``'s model with the checked weights of the file."""
+    try:
         with torch.random.fork_rng(devices=[]):
-            with torch.device("meta"):
-                skeleton = build_model(spec)
-            expected = {
-                key: (tuple(t.shape), t.dtype)
-                for key, t in skeleton.state_dict().items()
-            }
-            present = {key: (tuple(t.shape), t.dtype) for key, t in state_dict.items()}
-            _check_weights_fit(expected, present)
             model = build_model(spec)
         model.load_state_dict(state_dict, strict=True)
-    except InvalidModelFile:
-        raise
     except (ValueError, RuntimeError, TypeError) as exc:
-        # A description that passed the checks above but builds no network
-        # (e.g. an image smaller than the network needs), or a small tensor
-        # missing that the network cannot fill.
+        # A small tensor missing that the network cannot fill.
         raise InvalidModelFile(f"cannot rebuild its network: {exc}") from None
     return model.eval()
 
 
 def _check_weights_fit(expected, present):
-    """Refuse weights that do not fill the described network (see above)."""
+    """Refuse weights that do not fill the described network.
+
+    Tensors missing from the file are allowed only if they are small (at
+    most ``MAX_DEFAULTED_VALUES`` values): buffers that files of earlier
+    versions lack, such as an image network's input scale, which the
+    network then fills with its defaults.
+    """
     missing = set(expected) - set(present)
     defaulted = sum(math.prod(expected[key][0]) for key in missing)
     differ = any(expected[key] != present[key] for key in set(expected) & set(present))
@@ -902,9 +1350,7 @@ def _decode_classes(entry):
 
 
 def _decode_class_prior(metadata, n_classes):
-    """The fitted class frequencies; equal ones in a version-1 file."""
-    if metadata["format_version"] == 1:
-        return uniform_prior(n_classes)
+    """The fitted class frequencies."""
     prior = _field(metadata, "class_prior", list)
     if not _class_prior(prior):
         raise InvalidModelFile("class_prior is malformed.")

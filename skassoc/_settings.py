@@ -138,8 +138,8 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         walker_weight=float(estimator.walker_weight),
         visit_weight=float(estimator.visit_weight),
         logit_weight=float(estimator.logit_weight),
-        association_delay=estimator.association_delay,
-        association_ramp_steps=estimator.association_ramp_steps,
+        association_delay=int(estimator.association_delay),
+        association_ramp_steps=int(estimator.association_ramp_steps),
         l2_scale=_resolve_l2_scale(estimator.l2_scale, spec.network),
         logit_l2_scale=LOGIT_L2_SCALE,
         precision=precision,
@@ -152,10 +152,10 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         balance_weight=float(estimator.balance_weight),
         class_prior=training_class_prior(class_prior),
         ema_decay=estimator.ema_decay,
-        validation_interval=estimator.validation_interval,
+        validation_interval=int(estimator.validation_interval),
         compile=_compile_options(estimator.compile, estimator.cuda_graph, device),
         early_stopping=bool(estimator.early_stopping),
-        n_iter_no_change=estimator.n_iter_no_change,
+        n_iter_no_change=int(estimator.n_iter_no_change),
         tol=float(estimator.tol),
     )
     return FitSettings(
@@ -193,6 +193,12 @@ def _resolve_batching(estimator, inputs, spec, device, precision, consistency_we
     unlabeled_batch_size = estimator.unlabeled_batch_size
     if unlabeled_batch_size == "auto":
         unlabeled_batch_size = auto_unlabeled_batch_size(n_pool)
+    # As Python ints: a NumPy one (np.uint8(5), say) passes validation but
+    # would overflow in the batch arithmetic.
+    labeled_per_class, unlabeled_batch_size = (
+        int(labeled_per_class),
+        int(unlabeled_batch_size),
+    )
     max_iter = estimator.max_iter
     if max_iter == "auto" and spec.network == "custom":
         # No work estimate for a user's module: the paper's steps on a GPU.
@@ -211,7 +217,7 @@ def _resolve_batching(estimator, inputs, spec, device, precision, consistency_we
             spec.network, spec.network_shape, macs, step_samples, precision == "bf16"
         )
         max_iter = auto_max_iter(n_pool, unlabeled_batch_size, step_seconds, device)
-    return labeled_per_class, unlabeled_batch_size, max_iter
+    return labeled_per_class, unlabeled_batch_size, int(max_iter)
 
 
 def describe_settings(settings):
@@ -258,14 +264,14 @@ def resolve_predict_batch_size(value, device):
 
 
 def _resolve_auto(value, defaults, device):
-    return defaults[device.type] if value == "auto" else value
+    return defaults[device.type] if value == "auto" else int(value)
 
 
 def _resolve_lr_decay_steps(lr_decay_steps, max_iter):
     # "auto": a quarter of the run (5,000 of the paper's 20,000 steps).
     if lr_decay_steps == "auto":
         return max(1, round(max_iter / 4))
-    return lr_decay_steps
+    return int(lr_decay_steps)
 
 
 def _check_lr_warmup_steps(lr_warmup_steps, max_iter):
@@ -275,7 +281,7 @@ def _check_lr_warmup_steps(lr_warmup_steps, max_iter):
             f"of a fit of max_iter={max_iter} steps; lower lr_warmup_steps below "
             "max_iter."
         )
-    return lr_warmup_steps
+    return int(lr_warmup_steps)
 
 
 def _resolve_l2_scale(l2_scale, network):
@@ -294,7 +300,7 @@ def _model_spec(estimator, inputs):
         input_shape=inputs.image_shape,
         n_features=inputs.n_features,
         n_classes=len(inputs.classes),
-        embedding_dim=estimator.embedding_dim,
+        embedding_dim=int(estimator.embedding_dim),
         hidden_layer_sizes=tuple(int(w) for w in estimator.hidden_layer_sizes),
         image_size=check_image_size(estimator.image_size),
         image_channels=estimator.image_channels,
@@ -503,25 +509,56 @@ def is_builtin_network(network):
     return network == "auto" or is_builtin(network)
 
 
+def walker_memory_bytes(n_labeled, n_unlabeled, views):
+    """A rough upper estimate of the memory of one step's walker matrices.
+
+    Each view of the unlabeled batch makes labeled x unlabeled matrices:
+    the similarities and both transition matrices in float64 and float32,
+    and the walker's class probabilities (see ``_losses``); the round trip
+    makes labeled x labeled ones: its probabilities in float64 and float32,
+    the same-class targets and the cross-entropy's terms. With the gradients
+    of the backward pass, each shape counts as twelve float64 matrices.
+
+    Parameters
+    ----------
+    n_labeled : int
+        Rows of the labeled batch (``labeled_per_class`` times the classes).
+    n_unlabeled : int
+        Rows of one view of the unlabeled batch.
+    views : {1, 2}
+        Views of the unlabeled batch (2 with the consistency loss).
+
+    Returns
+    -------
+    bytes : int
+    """
+    return 12 * 8 * (views * n_labeled * n_unlabeled + n_labeled * n_labeled)
+
+
 def step_memory_bytes(
-    settings, n_classes, embedding_dim, activation_bytes, n_parameters
+    *,
+    n_labeled,
+    n_unlabeled,
+    views,
+    embedding_dim,
+    activation_bytes,
+    n_parameters,
+    chunk_size,
 ):
     """A rough upper estimate of one training step's memory, in bytes.
 
-    The activations of every embedded sample (kept for the backward pass,
-    chunked above the embedding chunk size), the float64 walker matrices
-    (labeled x unlabeled, a few of them) and the parameters with their
-    gradients and Adam's two moments.
+    The activations of every embedded sample (kept for the backward pass;
+    those of one chunk when the batch is embedded in chunks of
+    ``chunk_size``, None: not chunked), the embeddings, the walker matrices
+    (:func:`walker_memory_bytes`) and the parameters with their gradients
+    and Adam's two moments.
     """
-    n_labeled = n_classes * settings.labeled_per_class
-    n_unlabeled = settings.unlabeled_batch_size
-    views = 2 if settings.training.consistency_weight > 0 else 1
     rows = n_labeled + views * n_unlabeled
-    chunk = settings.training.embedding_chunk_size or rows
+    chunk = chunk_size or rows
     # Forward activations and their gradients: twice the forward's outputs.
     activations = 2 * activation_bytes * min(rows, chunk)
     embeddings = 4 * rows * embedding_dim * 4
-    walker = 8 * n_labeled * n_unlabeled * 8 * views
+    walker = walker_memory_bytes(n_labeled, n_unlabeled, views)
     return int(activations + embeddings + walker + 4 * 4 * n_parameters)
 
 

@@ -63,6 +63,7 @@ from ._settings import (
     resolve_fit_settings,
 )
 from ._training import (
+    NonFiniteLossError,
     _keep_lr_tensor,
     _learning_rate,
     _StepRunner,
@@ -154,7 +155,9 @@ def _check_same_consistency(candidates, inputs, settings):
         )
 
 
-def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
+def fit_candidates(
+    estimator, param_list, X, y, *, stacking="auto", raise_on_failure=False
+):
     """Fit one clone of ``estimator`` per parameter set, all in one training loop.
 
     Every candidate gets the initial weights and the batches that a separate
@@ -176,6 +179,9 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
     stacking : {"auto", "vmap", "streams"}, default="auto"
         How the candidates are computed (see :mod:`skassoc._stacked`);
         ``"auto"`` is ``"streams"``. Results agree either way.
+    raise_on_failure : bool, default=False
+        Raise if a candidate's loss becomes NaN or infinite, instead of
+        leaving it unfitted.
 
     Returns
     -------
@@ -190,6 +196,11 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
         If a candidate sets another parameter than a loss weight, or the
         estimator uses ``warm_start``, ``compile``, the balance loss,
         ``class_weight`` or ``early_stopping``.
+    NonFiniteLossError
+        With ``raise_on_failure``, if a candidate's loss became NaN or
+        infinite; no candidate is then fitted.
+    KeyboardInterrupt
+        On a Ctrl-C; no candidate is then fitted (a search stops).
 
     Examples
     --------
@@ -230,6 +241,8 @@ def fit_candidates(estimator, param_list, X, y, *, stacking="auto"):
             histories, n_iter, failed = train_candidates(
                 models, batches, configs, device, stacking
             )
+        if failed and raise_on_failure:
+            raise NonFiniteLossError(_failure_message(candidates, failed))
         # Inside the thread setting: class_prior="auto" predicts on the CPU.
         trained = zip(candidates, models, histories, strict=True)
         _set_states(list(trained), n_iter, failed, inputs, settings)
@@ -259,16 +272,23 @@ def _set_states(trained, n_iter, failed, inputs, settings):
         )
         set_fitted_state(candidate, state)
     if failed:
-        names = [
-            {n: getattr(candidates[i], n) for n in LOSS_WEIGHTS} for i in sorted(failed)
-        ]
         warnings.warn(
-            f"The training loss of {len(failed)} candidate(s) became NaN or "
-            f"infinite ({names}); they are left unfitted. Lower learning_rate "
-            "or rescale X.",
+            _failure_message(candidates, failed, "they are left unfitted"),
             UserWarning,
             stacklevel=user_stacklevel(),
         )
+
+
+def _failure_message(candidates, failed, outcome=None):
+    """Which candidates' loss became NaN or infinite, and what to do."""
+    names = [
+        {n: getattr(candidates[i], n) for n in LOSS_WEIGHTS} for i in sorted(failed)
+    ]
+    outcome = f"; {outcome}" if outcome else ""
+    return (
+        f"The training loss of {len(failed)} candidate(s) became NaN or "
+        f"infinite ({names}){outcome}. Lower learning_rate or rescale X."
+    )
 
 
 def train_candidates(models, batches, configs, device, stacking="auto"):

@@ -8,7 +8,11 @@ on the device and read back every ``log_interval`` steps.
 """
 
 import contextlib
+import importlib
 import math
+import signal
+import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -360,8 +364,63 @@ def _parameter_groups(model, config):
     return groups
 
 
+def load_torch_dynamo():
+    """Import ``torch._dynamo`` whole, holding back a Ctrl-C until it is done.
+
+    torch imports it, and sympy with it, lazily: the first time a process
+    builds an optimizer or runs a network on the meta device, early in its
+    first fit, and it is a large import. One cut short leaves the
+    submodules it had finished in ``sys.modules`` but not bound to their
+    package, and every later import of ``torch._dynamo`` in the process
+    fails (``module 'sympy' has no attribute 'printing'``). So an interrupt
+    that comes during the import is delivered once it has ended.
+
+    Raises
+    ------
+    RuntimeError
+        If the import fails: an earlier one, outside skassoc, was cut short,
+        and only a new Python process imports it again.
+    """
+    if "torch._dynamo" in sys.modules:
+        return
+    try:
+        with _sigint_held_back():
+            importlib.import_module("torch._dynamo")
+    except Exception as exc:
+        raise RuntimeError(
+            "torch cannot import torch._dynamo, which its optimizers use "
+            f"({type(exc).__name__}: {exc}). An earlier import of it (or of "
+            "sympy) in this Python process was probably interrupted, e.g. by "
+            "a Ctrl-C, and left a module half imported. Restart the Python "
+            "process (or the notebook's kernel) and fit again."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _sigint_held_back():
+    """Deliver a Ctrl-C (SIGINT) that comes during the block when it ends."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if in_main_thread else None
+    if previous is None:
+        # Python runs signal handlers in the main thread only, so no other
+        # thread is interrupted; a handler set outside Python (None) cannot
+        # be put back.
+        yield
+        return
+    received = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)
+
+
 def make_optimizer(groups, learning_rate, device, capturable):
     """Adam over parameter ``groups``; ``capturable`` for a CUDA graph."""
+    # Adam's first use imports torch._dynamo: whole, even on a Ctrl-C.
+    load_torch_dynamo()
     if capturable:
         # A tensor learning rate is read by the captured graph on every replay;
         # the scheduler updates it in place.
@@ -472,8 +531,9 @@ def train(model, batches, config, device, evaluate=None):
         state and the caller must discard it.
     KeyboardInterrupt
         If interrupted before the first step completed (nothing was learned).
-        An interrupt after that ends training early instead (see
-        ``TrainingResult.interrupted``).
+        An interrupt after that ends training early instead and returns the
+        model of the steps completed (``TrainingResult.interrupted``); the
+        caller keeps it and raises the interrupt again.
     """
     if device.type != "cuda":
         return _train(model, batches, config, device, None, evaluate)

@@ -23,7 +23,7 @@ from inspect import signature
 
 import numpy as np
 from scipy.stats import rankdata
-from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
+from sklearn.base import BaseEstimator, MetaEstimatorMixin, _fit_context, clone
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import check_scoring
 from sklearn.model_selection import (
@@ -36,11 +36,13 @@ from sklearn.model_selection import (
     check_cv,
 )
 from sklearn.utils import _safe_indexing, indexable
+from sklearn.utils._param_validation import HasMethods, StrOptions
 from sklearn.utils.metadata_routing import MetadataRequest
 from sklearn.utils.validation import _num_samples, column_or_1d
 
 from ._fitted import is_fitted
 from ._inputs import unlabeled_mask
+from ._stacked import STACKINGS, check_candidate_params, fit_candidates
 
 __all__ = [
     "SemiSupervisedKFold",
@@ -488,8 +490,9 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     refit : bool, default=True
         Fit the best candidate on all of ``X`` (a plain ``fit``) as
         ``best_estimator_``.
-    error_score : float, default=np.nan
-        Score of a candidate whose training loss became NaN or infinite.
+    error_score : "raise" or float, default=np.nan
+        Score of a candidate whose training loss became NaN or infinite; with
+        ``"raise"``, the search raises at the first fold where one does.
     stacking : {"auto", "vmap", "streams"}, default="auto"
         How the candidates are computed (``fit_candidates`` in ``skassoc._stacked``).
 
@@ -523,6 +526,16 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     (4, ['visit_weight', 'walker_weight'])
     """
 
+    _parameter_constraints = {
+        "estimator": [HasMethods(["fit", "predict"])],
+        "param_grid": [dict, list],
+        "scoring": [str, callable, None, list, tuple, set, dict],
+        "cv": ["cv_object"],
+        "refit": ["boolean"],
+        "error_score": [StrOptions({"raise"}), numbers.Real],
+        "stacking": [StrOptions(set(STACKINGS))],
+    }
+
     def __init__(
         self,
         estimator,
@@ -542,6 +555,8 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.error_score = error_score
         self.stacking = stacking
 
+    # The estimator validates its own parameters when it fits.
+    @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X, y):
         """Score every candidate on every fold, then refit the best one.
 
@@ -555,9 +570,15 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         Returns
         -------
         self : StackedGridSearchCV
-        """
-        from ._stacked import check_candidate_params, fit_candidates
 
+        Raises
+        ------
+        NonFiniteLossError
+            With ``error_score="raise"``, if a candidate's loss became NaN or
+            infinite.
+        KeyboardInterrupt
+            On a Ctrl-C: the search stops, and sets no results.
+        """
         if isinstance(self.scoring, (list, tuple, set, dict)):
             raise ValueError(
                 "StackedGridSearchCV scores one metric; pass one name or scorer."
@@ -578,6 +599,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
                 _safe_indexing(X, train),
                 _safe_indexing(y, train),
                 stacking=self.stacking,
+                raise_on_failure=self.error_score == "raise",
             )
             times.append((time.perf_counter() - started) / len(candidates))
             X_test, y_test = _safe_indexing(X, test), _safe_indexing(y, test)

@@ -1,8 +1,10 @@
 """class_prior: the class frequencies that training and predictions assume."""
 
 import copy
+import io
 import json
 import zipfile
+from hashlib import sha256
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from skassoc import (
     SemiSupervisedAssociationClassifier,
     _classifier,
     _prior,
+    convert_model_file,
     recipe_params,
 )
 from skassoc._batches import make_batches
@@ -399,13 +402,20 @@ def test_a_version_1_file_predicts_with_equal_frequencies(
     uniform, auto = fitted_pair
     path = tmp_path / "old.skassoc"
     auto.save(path)
-
-    def as_version_1(metadata):
-        metadata["format_version"] = 1
-        del metadata["class_prior"]
-        del metadata["params"]["class_prior"]
-
-    _rewrite_metadata(path, as_version_1)
+    # A file of format 1: weights by torch.save, no class frequencies;
+    # load reads it once converted (convert_model_file, no unpickling).
+    with zipfile.ZipFile(path) as archive:
+        metadata = json.loads(archive.read(METADATA_MEMBER))
+    buffer = io.BytesIO()
+    torch.save({k: t.clone() for k, t in auto.model_.state_dict().items()}, buffer)
+    weights = buffer.getvalue()
+    metadata.update(format_version=1, weights_sha256=sha256(weights).hexdigest())
+    del metadata["class_prior"], metadata["params"]["class_prior"]
+    del metadata["output_config"]
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(METADATA_MEMBER, json.dumps(metadata))
+        archive.writestr("weights.pt", weights)
+    convert_model_file(path, path)
     loaded = SemiSupervisedAssociationClassifier.load(path, device="cpu")
     assert loaded.class_prior == "uniform"
     np.testing.assert_array_equal(loaded.class_prior_, [0.5, 0.5])
@@ -454,9 +464,11 @@ def test_an_interrupted_estimate_keeps_the_trained_model(
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
+    clf = _make()
     with monkeypatch.context() as patch:
         patch.setattr(_classifier, "run_model", interrupted)
-        with pytest.warns(UserWarning, match="Interrupted while estimating"):
-            clf = _fit(X, y_semi)
+        # Kept, then raised again: a search or a script stops here.
+        with pytest.raises(KeyboardInterrupt, match="Interrupted while estimating"):
+            clf.fit(X, y_semi)
     np.testing.assert_array_equal(clf.class_prior_, [0.5, 0.5])
     np.testing.assert_array_equal(clf.predict_proba(X), uniform.predict_proba(X))

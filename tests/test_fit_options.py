@@ -429,3 +429,15 @@ def test_model_file_bounds_of_the_new_parameters():
     assert not SAFE_PARAMS["validation_fraction"](0.0)
     assert not SAFE_PARAMS["n_iter_no_change"](0)
     assert not SAFE_PARAMS["tol"](float("inf"))
+
+
+def test_numpy_integer_parameters_fit_as_python_ints(fast_params, blobs_semi):
+    """NumPy ints pass validation; uint8 ones must not overflow in the batches."""
+    X, y = blobs_semi
+    sizes = dict(labeled_per_class=3, unlabeled_batch_size=5, max_iter=20)
+    as_ints = make_clf(fast_params, **sizes).fit(X, y)
+    as_uint8 = make_clf(
+        fast_params, **{name: np.uint8(value) for name, value in sizes.items()}
+    ).fit(X, y)
+    assert_same_weights(as_ints, as_uint8)
+    assert as_uint8.n_iter_ == 20

@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -19,11 +20,27 @@ import zipfile
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 from sklearn.base import clone
 
-from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._persistence import MAX_BATCH, MAX_STEPS, METADATA_MEMBER, WEIGHTS_MEMBER
+import skassoc._classifier
+import skassoc._losses
+from skassoc import (
+    SemiSupervisedAssociationClassifier,
+    convert_model_file,
+    recipe_params,
+)
+from skassoc._model import ModelSpec
+from skassoc._persistence import (
+    MAX_BATCH,
+    MAX_HEADER_BYTES,
+    MAX_STEPS,
+    METADATA_MEMBER,
+    WEIGHTS_MEMBER,
+    _refit_cost_problem,
+)
+from skassoc._settings import step_memory_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,16 +90,16 @@ def write_archive(
     return path
 
 
-def state_bytes(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
 def tampered_weights(weights, change):
-    state = torch.load(io.BytesIO(weights), weights_only=True)
+    state = safetensors.torch.load(weights)
     change(state)
-    return state_bytes(state)
+    return safetensors.torch.save(state)
+
+
+def safetensors_bytes(header, data=b""):
+    """A safetensors buffer with the given header (a dict), by hand."""
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
 
 
 def with_params(metadata, **params):
@@ -342,8 +359,8 @@ def test_a_duplicated_member_is_refused(saved, tmp_path):
         (lambda s: s.pop("logits.weight"), "missing \\[.logits.weight.\\]"),
         (lambda s: s.update({"extra": torch.zeros(3)}), "unexpected"),
         (
-            lambda s: s.update({"logits.bias": s["logits.bias"].to_sparse()}),
-            "tensor state dict \\(of dense tensors\\)",
+            lambda s: s.update({"logits.bias": s["logits.bias"].to(torch.int32)}),
+            "logits.bias is \\(10,\\) I32, the network needs",
         ),
     ],
 )
@@ -361,19 +378,20 @@ def test_files_without_the_input_scale_load_with_the_reference_scale(tmp_path, _
     images = (X * 255 / 16).astype(np.uint8).reshape(-1, 8, 8)
     clf = SemiSupervisedAssociationClassifier(
         network="mnist", max_iter=3, device="cpu", random_state=0
-    ).fit(images, y)
+    ).fit(images, np.where(np.arange(len(y)) % 2 == 0, y, -1))
     path = tmp_path / "m.skassoc"
     clf.save(path)
     with zipfile.ZipFile(path) as archive:
         metadata = json.loads(archive.read(METADATA_MEMBER))
-        weights = archive.read(WEIGHTS_MEMBER)
-    old = tampered_weights(
-        weights,
-        lambda s: [s.pop(k) for k in list(s) if k.startswith("embedder.input_scale")],
-    )
-    loaded = SemiSupervisedAssociationClassifier.load(
-        write_archive(path, metadata, old), device="cpu"
-    )
+    # As earlier skassoc wrote them: contiguous CPU copies.
+    state = {
+        key: tensor.detach().contiguous()
+        for key, tensor in clf.model_.state_dict().items()
+        if not key.startswith("embedder.input_scale")
+    }
+    old = legacy_archive(tmp_path / "old.legacy", metadata, state)
+    convert_model_file(old, path)
+    loaded = SemiSupervisedAssociationClassifier.load(path, device="cpu")
     # 8-bit images: the learned scale was the reference one.
     np.testing.assert_array_equal(
         loaded.predict_proba(images), clf.predict_proba(images)
@@ -390,7 +408,8 @@ def test_pickled_code_in_the_weights_is_refused(saved, tmp_path):
     buffer = io.BytesIO()
     torch.save({"logits.weight": _Payload()}, buffer)
     path = write_archive(tmp_path / "m.skassoc", metadata, buffer.getvalue())
-    refused(path, "not a plain tensor state dict")
+    # A zip's first bytes read as a header length of about 10**12 bytes.
+    refused(path, "declares a header of")
     assert not os.path.exists("/tmp/skassoc-pwned")
 
 
@@ -493,7 +512,7 @@ def test_a_crashed_save_leaves_no_temporary_file_after_the_next_save(saved, tmp_
         clf = C.load({str(valid)!r}, device="cpu")
         original = zipfile.ZipFile.writestr
         def dying(self, name, data, **kwargs):
-            if name == "weights.pt":
+            if name == {WEIGHTS_MEMBER!r}:
                 os.kill(os.getpid(), signal.SIGKILL)
             return original(self, name, data, **kwargs)
         zipfile.ZipFile.writestr = dying
@@ -516,28 +535,78 @@ def test_a_crashed_save_leaves_no_temporary_file_after_the_next_save(saved, tmp_
 
 _MEASURE = textwrap.dedent(
     """
-    import json, resource, sys
-    from skassoc import SemiSupervisedAssociationClassifier as C
-    valid, hostile = sys.argv[1], sys.argv[2:]
-    C.load(valid, device="cpu")  # warm up torch.load and friends
-    growth = {}
-    for path in hostile:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    import json, re, sys
+    import numpy as np
+    from skassoc import SemiSupervisedAssociationClassifier as C, convert_model_file
+    valid, legacy, hostile = sys.argv[1], sys.argv[2], sys.argv[3:]
+    # Warm up imports and allocators on valid files of both kinds.
+    C.load(valid, device="cpu")
+    convert_model_file(legacy, legacy + ".converted")
+
+    def status(field):
+        text = open("/proc/self/status").read()
+        return int(re.search(rf"^{field}:\\s*(\\d+) kB", text, re.M)[1]) * 1024
+
+    def peak_growth(read):
+        # Writing 5 to clear_refs resets the peak (VmHWM) to the present RSS.
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        before = status("VmRSS")
+        outcome = read()
+        return [outcome, status("VmHWM") - before]
+
+    def attempt(path):
         try:
-            C.load(path, device="cpu")
-            outcome = "loaded"
+            if path.endswith(".legacy"):
+                convert_model_file(path, path + ".converted")
+            else:
+                C.load(path, device="cpu")
         except ValueError:
-            outcome = "refused"
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        growth[path] = [outcome, (after - before) * 1024]
+            return "refused"
+        return "read"
+
+    growth = {path: peak_growth(lambda: attempt(path)) for path in hostile}
+    # The instrument itself: 64 MiB written must show.
+    growth["control"] = peak_growth(lambda: float(np.ones(2**23).sum()))
     print(json.dumps(growth))
     """
 )
 
 
-def test_rejected_files_use_memory_of_the_order_of_their_size(saved, tmp_path):
-    _, valid, metadata, weights = saved
+def legacy_archive(path, metadata, state):
+    """A model file of format 2 (skassoc 0.1): the weights by torch.save."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    weights = buffer.getvalue()
+    metadata = {key: value for key, value in metadata.items() if key != "output_config"}
+    metadata.update(
+        format_version=2, weights_sha256=hashlib.sha256(weights).hexdigest()
+    )
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(METADATA_MEMBER, json.dumps(metadata))
+        archive.writestr("weights.pt", weights)
+    return path
+
+
+def huge_header(weights, **entry):
+    """``weights`` with ``logits.weight`` declared as ``entry`` says."""
+    (size,) = struct.unpack("<Q", weights[:8])
+    header = json.loads(weights[8 : 8 + size])
+    header["logits.weight"] = {**header["logits.weight"], **entry}
+    return safetensors_bytes(header, weights[8 + size :])
+
+
+@pytest.mark.skipif(
+    not os.access("/proc/self/clear_refs", os.W_OK),
+    reason="measures the peak memory through Linux's /proc/self/clear_refs",
+)
+def test_hostile_files_use_memory_of_the_order_of_their_size(saved, tmp_path):
+    clf, valid, metadata, weights = saved
     bomb = b"\0" * (64 * 2**20)
+    state = {k: t.detach().clone() for k, t in clf.model_.state_dict().items()}
+    legacy = legacy_archive(tmp_path / "valid.legacy", metadata, state)
+    # One stored float, read through a stride-0 view as 5e8 of them.
+    spread = {**state, "logits.weight": torch.zeros(1).expand(10**4, 5 * 10**4)}
     hostile = {
         "wide_embedding": write_archive(
             tmp_path / "a.skassoc",
@@ -563,9 +632,28 @@ def test_rejected_files_use_memory_of_the_order_of_their_size(saved, tmp_path):
             bomb,
             weights_compression=zipfile.ZIP_DEFLATED,
         ),
+        "claims_5e8_values": write_archive(
+            tmp_path / "f.skassoc",
+            metadata,
+            huge_header(weights, shape=[5 * 10**8], data_offsets=[0, 2 * 10**9]),
+        ),
+        "claims_overflowing_shape": write_archive(
+            tmp_path / "g.skassoc",
+            metadata,
+            huge_header(weights, shape=[2**62, 2**62, 16]),
+        ),
+        "claims_5e8_byte_header": write_archive(
+            tmp_path / "h.skassoc",
+            metadata,
+            struct.pack("<Q", 5 * 10**8) + weights[8:],
+        ),
+        "stride_0_view_of_format_2": legacy_archive(
+            tmp_path / "i.legacy", metadata, spread
+        ),
     }
     result = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(valid), *map(str, hostile.values())],
+        [sys.executable, "-c", _MEASURE, str(valid), str(legacy)]
+        + [str(path) for path in hostile.values()],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": ROOT},
         capture_output=True,
@@ -573,8 +661,204 @@ def test_rejected_files_use_memory_of_the_order_of_their_size(saved, tmp_path):
         check=True,
     )
     growth = json.loads(result.stdout)
+    assert growth["control"][1] >= 60 * 2**20, growth["control"]
     for name, path in hostile.items():
         outcome, grown = growth[str(path)]
         size = os.path.getsize(path)
         assert outcome == "refused", name
         assert grown <= 16 * 2**20 + 8 * size, (name, grown, size)
+
+
+# ------------------------------------------------ the weights' header
+
+
+@pytest.mark.parametrize(
+    "entry, match",
+    [
+        ({"shape": [5 * 10**8], "data_offsets": [0, 2 * 10**9]}, "do not fit"),
+        ({"shape": [2**62, 2**62, 16]}, "do not fit"),
+        ({"shape": [10, 16], "dtype": "F64"}, "F64, the network needs"),
+        ({"shape": "10x16"}, "bad header entry"),
+        ({"shape": [10, -16]}, "bad header entry"),
+        ({"dtype": 4}, "bad header entry"),
+    ],
+)
+def test_no_tensor_is_read_before_its_header_fits_the_network(
+    saved, tmp_path, monkeypatch, entry, match
+):
+    _, _, metadata, weights = saved
+    path = write_archive(
+        tmp_path / "m.skassoc", metadata, huge_header(weights, **entry)
+    )
+    reads = []
+    monkeypatch.setattr(safetensors.torch, "load", lambda *a: reads.append(a))
+    refused(path, match)
+    assert reads == []
+
+
+def test_header_attacks_are_refused(saved, tmp_path):
+    _, _, metadata, weights = saved
+    (size,) = struct.unpack("<Q", weights[:8])
+    header = json.loads(weights[8 : 8 + size])
+    data = weights[8 + size :]
+    cases = {
+        "longer than the member": (struct.pack("<Q", 10**6) + weights[8:], "declares"),
+        "over the limit": (
+            struct.pack("<Q", MAX_HEADER_BYTES + 1)
+            + b" " * (MAX_HEADER_BYTES + 1)
+            + data,
+            "declares a header",
+        ),
+        "not json": (struct.pack("<Q", 4) + b"{{{{" + data, "not valid JSON"),
+        "a list": (safetensors_bytes([1, 2], data), "not a JSON object"),
+        "a name twice": (
+            struct.pack("<Q", size + 2 + len('"logits.bias":{}'))
+            + weights[8 : 7 + size]
+            + b',"logits.bias":{}}'
+            + data,
+            "twice",
+        ),
+        "overlapping data": (
+            safetensors_bytes(
+                {
+                    **header,
+                    "logits.bias": {
+                        **header["logits.bias"],
+                        "data_offsets": header["logits.weight"]["data_offsets"][:1]
+                        + [header["logits.weight"]["data_offsets"][0] + 40],
+                    },
+                },
+                data,
+            ),
+            "not a valid safetensors buffer",
+        ),
+        "data past the tensors": (weights + b"\0" * 64, "not a valid safetensors"),
+        "the file's metadata": (
+            safetensors_bytes({**header, "__metadata__": {"a": "b"}}, data),
+            "holds a __metadata__ entry",
+        ),
+    }
+    for evil, match in cases.values():
+        path = write_archive(tmp_path / "m.skassoc", metadata, evil)
+        with pytest.raises(ValueError, match=match):
+            SemiSupervisedAssociationClassifier.load(path, device="cpu")
+
+
+# --------------------------------------------- what a refit may cost the user
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        # The walker's labeled x labeled matrices alone: about 240 GB.
+        ({"labeled_per_class": 5000}, "GiB, more than 16 GiB"),
+        ({"labeled_per_class": MAX_BATCH}, "labeled samples a step, more than"),
+        ({"unlabeled_batch_size": 2**20}, "parameter unlabeled_batch_size"),
+        ({"max_iter": 10**7}, "parameter max_iter"),
+        # In bounds one by one; the whole fit about 1e18 multiply-adds.
+        (
+            {
+                "max_iter": MAX_STEPS,
+                "unlabeled_batch_size": MAX_BATCH,
+                "hidden_layer_sizes": [4096, 4096],
+            },
+            "multiply-adds, more than 3e\\+16",
+        ),
+        # A wider network than the fitted one, for the next fit.
+        ({"hidden_layer_sizes": [2**16, 2**16]}, "a network of 4"),
+        ({"embedding_dim": 2**16, "hidden_layer_sizes": [2**16]}, "a network of"),
+    ],
+)
+def test_a_file_may_not_ask_a_costly_refit(saved, tmp_path, params, match):
+    _, _, metadata, weights = saved
+    path = write_archive(
+        tmp_path / "m.skassoc", with_params(metadata, **params), weights
+    )
+    refused(path, match)
+
+
+def test_save_refuses_what_load_would_refuse_for_its_cost(saved, tmp_path):
+    clf = clone(saved[0]).set_params(labeled_per_class=5000)
+    clf.__dict__.update({k: v for k, v in saved[0].__dict__.items() if k.endswith("_")})
+    path = tmp_path / "m.skassoc"
+    with pytest.raises(ValueError, match="Cannot save these parameters.*set_params"):
+        clf.save(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _image_spec(network, shape, n_classes=10):
+    return ModelSpec(
+        network=network,
+        input_shape=shape,
+        n_features=int(np.prod(shape)),
+        n_classes=n_classes,
+        embedding_dim=128,
+    )
+
+
+@pytest.mark.parametrize("name", ["paper", "consistency", "fast", "domain_adaptation"])
+def test_the_recipes_are_within_the_budget(name):
+    params = recipe_params(name)
+    params.pop("compile", None)
+    if name == "domain_adaptation":
+        spec = _image_spec("svhn", (3, 32, 32))
+    else:
+        spec = _image_spec("mnist", (1, 28, 28))
+    assert _refit_cost_problem(params, spec) is None
+
+
+@pytest.mark.parametrize(
+    "network, shape, n_classes",
+    [("stl10", (3, 96, 96), 10), ("svhn", (3, 32, 32), 100), ("mlp", None, 1000)],
+)
+def test_the_defaults_are_within_the_budget(network, shape, n_classes):
+    if shape is None:
+        spec = ModelSpec(
+            network="mlp",
+            input_shape=None,
+            n_features=784,
+            n_classes=n_classes,
+            embedding_dim=128,
+            hidden_layer_sizes=(256, 256),
+        )
+    else:
+        spec = _image_spec(network, shape, n_classes)
+    assert _refit_cost_problem({}, spec) is None
+
+
+def test_the_step_estimate_counts_the_labeled_square():
+    # labeled x labeled float64 matrices: 50,000 labeled samples need at
+    # least one of 20 GB, whatever the unlabeled batch.
+    needed = step_memory_bytes(
+        n_labeled=50_000,
+        n_unlabeled=8,
+        views=1,
+        embedding_dim=16,
+        activation_bytes=1000,
+        n_parameters=10_000,
+        chunk_size=None,
+    )
+    assert needed >= 8 * 50_000**2
+
+
+def test_a_labeled_batch_set_by_hand_beyond_memory_is_refused(_digits, monkeypatch):
+    # 5,000 labeled samples per class: the step's walker matrices need about
+    # 240 GB; the fit must say so before the step allocates them.
+    X, y = _digits
+    monkeypatch.setattr(skassoc._classifier, "available_memory_bytes", lambda d: 2**36)
+
+    def never(*args):
+        raise AssertionError("the step ran: its memory was not checked")
+
+    monkeypatch.setattr(skassoc._losses, "association_matrices", never)
+    clf = SemiSupervisedAssociationClassifier(
+        labeled_per_class=5000,
+        unlabeled_batch_size=8,
+        hidden_layer_sizes=(8,),
+        max_iter=1,
+        device="cpu",
+    )
+    with pytest.raises(
+        ValueError, match=r"One training step needs about 2\d\d\.\d GiB"
+    ):
+        clf.fit(X[:200], np.where(np.arange(200) % 4 == 0, y[:200], -1))

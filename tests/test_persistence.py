@@ -4,7 +4,10 @@ import copy
 import hashlib
 import io
 import json
+import pathlib
 import pickle
+import tempfile
+import threading
 import zipfile
 
 import numpy as np
@@ -21,6 +24,7 @@ from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._persistence import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    LEGACY_WEIGHTS_MEMBER,
     METADATA_MEMBER,
     WEIGHTS_MEMBER,
 )
@@ -71,9 +75,9 @@ def saved(fitted_mlp, tmp_path):
     return path
 
 
-def read_members(path):
+def read_members(path, weights_member=WEIGHTS_MEMBER):
     with zipfile.ZipFile(path) as archive:
-        return json.loads(archive.read(METADATA_MEMBER)), archive.read(WEIGHTS_MEMBER)
+        return json.loads(archive.read(METADATA_MEMBER)), archive.read(weights_member)
 
 
 def write_members(path, metadata=None, weights=None):
@@ -350,18 +354,18 @@ def test_load_leaves_torch_random_state_alone(saved):
 # ------------------------------------------------------------ safety
 
 
-def test_weights_are_read_with_weights_only(saved, monkeypatch):
-    calls = []
-    real_load = torch.load
+def test_load_runs_no_unpickler(saved, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("load unpickled something")
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real_load(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "load", spy)
+    for module, name in [
+        (torch, "load"),
+        (pickle, "load"),
+        (pickle, "loads"),
+        (pickle, "Unpickler"),
+    ]:
+        monkeypatch.setattr(module, name, refuse)
     load_model(saved, device="cpu")
-    assert calls and all(call.get("weights_only") is True for call in calls)
-    assert all(call.get("map_location") == "cpu" for call in calls)
 
 
 class _WritesMarker:
@@ -374,6 +378,14 @@ class _WritesMarker:
         return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
 
 
+def _pickled(payload, writer):
+    if writer == "pickle":
+        return pickle.dumps(payload)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 @pytest.mark.parametrize("writer", ["pickle", "torch.save"])
 def test_malicious_weights_run_no_code(writer, saved, tmp_path):
@@ -383,16 +395,10 @@ def test_malicious_weights_run_no_code(writer, saved, tmp_path):
     assert control.exists()
 
     marker = tmp_path / "marker"
-    payload = {"logits.weight": _WritesMarker(marker)}
-    if writer == "pickle":
-        evil = pickle.dumps(payload)
-    else:
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        evil = buffer.getvalue()
+    evil = _pickled({"logits.weight": _WritesMarker(marker)}, writer)
     metadata, _ = read_members(saved)
     # A matching checksum: the attacker controls the whole file, so the
-    # checksum cannot be what stops this; weights_only must.
+    # checksum cannot be what stops this; the weights' reader must.
     metadata["weights_sha256"] = hashlib.sha256(evil).hexdigest()
     write_members(saved, metadata, evil)
     with pytest.raises(ValueError, match=INVALID):
@@ -400,14 +406,166 @@ def test_malicious_weights_run_no_code(writer, saved, tmp_path):
     assert not marker.exists()
 
 
-def test_non_tensor_state_dict_is_rejected(saved):
-    buffer = io.BytesIO()
-    torch.save({"logits.weight": [1.0, 2.0]}, buffer)
-    metadata, _ = read_members(saved)
-    metadata["weights_sha256"] = hashlib.sha256(buffer.getvalue()).hexdigest()
-    write_members(saved, metadata, buffer.getvalue())
-    with pytest.raises(ValueError, match="not a tensor state dict"):
-        load_model(saved, device="cpu")
+# ------------------------------------------------------------ older formats
+
+
+def legacy_file(path, estimator, version, weights=None):
+    """A model file as earlier skassoc wrote it: format 1 or 2, torch.save weights."""
+    save_model(estimator, path)
+    metadata, _ = read_members(path)
+    if weights is None:
+        state = {
+            key: tensor.detach().cpu().contiguous()
+            for key, tensor in estimator.model_.state_dict().items()
+        }
+        weights = _pickled(state, "torch.save")
+    del metadata["output_config"]
+    # What earlier skassoc wrote and load never took from a file.
+    metadata["params"]["device"] = "cpu"
+    if version == 1:
+        del metadata["class_prior"], metadata["params"]["class_prior"]
+    metadata.update(
+        format_version=version, weights_sha256=hashlib.sha256(weights).hexdigest()
+    )
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(METADATA_MEMBER, json.dumps(metadata))
+        archive.writestr(LEGACY_WEIGHTS_MEMBER, weights)
+    return path
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_formats_are_refused_with_advice(fitted_mlp, tmp_path, version):
+    path = legacy_file(tmp_path / "old.skassoc", fitted_mlp, version)
+    with pytest.raises(
+        ValueError, match=rf"format version {version}.*torch pickle.*convert_model_file"
+    ):
+        load_model(path, device="cpu")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_convert_model_file_reads_older_formats(fitted_mlp, digits, tmp_path, version):
+    old = legacy_file(tmp_path / "old.skassoc", fitted_mlp, version)
+    new = tmp_path / "new.skassoc"
+    skassoc.convert_model_file(old, new)
+    metadata, _ = read_members(new)
+    assert metadata["format_version"] == FORMAT_VERSION
+    assert "device" not in metadata["params"]
+    loaded = load_model(new, device="cpu")
+    X = digits[0]
+    if version == 1:
+        # Written before class_prior: it predicted with equal frequencies.
+        assert loaded.class_prior == "uniform"
+        np.testing.assert_array_equal(loaded.class_prior_, np.full(10, 0.1))
+    else:
+        assert_same_model(loaded, fitted_mlp, X)
+    np.testing.assert_array_equal(loaded.transform(X), fitted_mlp.transform(X))
+
+
+def test_convert_model_file_in_place(fitted_mlp, digits, tmp_path):
+    path = legacy_file(tmp_path / "model.skassoc", fitted_mlp, 2)
+    skassoc.convert_model_file(str(path), str(path))
+    assert_same_model(load_model(path, device="cpu"), fitted_mlp, digits[0])
+    assert [p.name for p in tmp_path.iterdir()] == ["model.skassoc"]
+    with pytest.raises(ValueError, match="already of format 3: there is nothing"):
+        skassoc.convert_model_file(path, tmp_path / "again.skassoc")
+
+
+def test_convert_reads_channels_last_image_weights(digits, tmp_path):
+    # A contiguous copy of a channels-last conv weight with one input channel
+    # keeps its odd stride on the size-1 dimension; torch.save wrote that.
+    X, y = digits
+    clf = small_classifier(network="mnist", input_shape=(8, 8), max_iter=3).fit(X, y)
+    old = legacy_file(tmp_path / "old.skassoc", clf, 2)
+    skassoc.convert_model_file(old, tmp_path / "new.skassoc")
+    assert_same_model(load_model(tmp_path / "new.skassoc", device="cpu"), clf, X)
+
+
+# Where the pickled code of a test would write if it ran.
+MARKER = pathlib.Path(tempfile.gettempdir()) / "skassoc-test-pwned"
+
+
+def _state(estimator):
+    return {
+        key: tensor.detach().clone()
+        for key, tensor in estimator.model_.state_dict().items()
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (
+            lambda s: s.update({"logits.weight": _WritesMarker(MARKER)}),
+            "names .*exec",
+        ),
+        (
+            # A stride-0 view: one stored float claiming 5e8 of them.
+            lambda s: s.update(
+                {"logits.weight": torch.zeros(1).expand(10**4, 5 * 10**4)}
+            ),
+            "a view",
+        ),
+        (
+            lambda s: s.update({"logits.bias": torch.arange(20.0)[5:15]}),
+            "a view",
+        ),
+        (
+            lambda s: s.update({"logits.weight": s["logits.weight"].t()}),
+            "a view",
+        ),
+        (
+            lambda s: s.update({"logits.weight": s["logits.weight"].double()}),
+            "DoubleStorage",
+        ),
+        (
+            lambda s: s.update({"logits.weight": torch.zeros(10, 17)}),
+            "do not fit the network",
+        ),
+        (lambda s: s.update({"extra": s["logits.bias"]}), "share one storage"),
+        (lambda s: s.update({"extra": [1.0]}), "opcode EMPTY_LIST"),
+    ],
+    ids=[
+        "code",
+        "stride-0",
+        "offset",
+        "transposed",
+        "double",
+        "shape",
+        "shared",
+        "list",
+    ],
+)
+def test_convert_refuses_what_is_not_a_plain_state_dict(
+    fitted_mlp, tmp_path, change, match
+):
+    state = _state(fitted_mlp)
+    change(state)
+    weights = _pickled(state, "torch.save")
+    old = legacy_file(tmp_path / "old.skassoc", fitted_mlp, 2, weights=weights)
+    new = tmp_path / "new.skassoc"
+    with pytest.raises(ValueError, match=f"{INVALID}: .*{match}"):
+        skassoc.convert_model_file(old, new)
+    assert not new.exists()
+    assert not MARKER.exists()
+
+
+def test_convert_checks_the_checksum_and_todays_limits(fitted_mlp, tmp_path):
+    old = legacy_file(tmp_path / "old.skassoc", fitted_mlp, 2)
+    metadata, weights = read_members(old, LEGACY_WEIGHTS_MEMBER)
+    with zipfile.ZipFile(old, "w") as archive:
+        archive.writestr(METADATA_MEMBER, json.dumps(metadata))
+        archive.writestr(LEGACY_WEIGHTS_MEMBER, weights[:-8] + b"\0" * 8)
+    with pytest.raises(ValueError, match="SHA-256 of weights.pt"):
+        skassoc.convert_model_file(old, tmp_path / "new.skassoc")
+    # Format 2 allowed 10**7 steps; today's files may not ask for them.
+    metadata["params"]["max_iter"] = 10**7
+    with zipfile.ZipFile(old, "w") as archive:
+        archive.writestr(METADATA_MEMBER, json.dumps(metadata))
+        archive.writestr(LEGACY_WEIGHTS_MEMBER, weights)
+    with pytest.raises(ValueError, match="parameter max_iter = 10000000 is outside"):
+        skassoc.convert_model_file(old, tmp_path / "new.skassoc")
+    assert not (tmp_path / "new.skassoc").exists()
 
 
 # ------------------------------------------------------------ bad files
@@ -647,3 +805,106 @@ def test_estimator_save_and_load_methods(fitted_mlp, digits, tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ValueError, match="not a valid skassoc model file"):
         SemiSupervisedAssociationClassifier.load(path)
+
+
+# ------------------------------------------------------------ what save writes
+
+
+def test_short_labels_of_a_wide_string_dtype_round_trip(fitted_mlp, digits, tmp_path):
+    # np.array(..., dtype="<U2000") holding short labels: the width is not
+    # stored, only what the labels need, so load accepts what save wrote.
+    X, y = digits
+    names = np.array([f"digit{d}" for d in range(10)], dtype="<U2000")
+    y_str = np.where(y >= 0, names[np.maximum(y, 0)], "-1").astype("<U2000")
+    clf = small_classifier(max_iter=3).fit(X, y_str)
+    assert clf.classes_.dtype == np.dtype("<U2000")
+    path = tmp_path / "wide.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert loaded.classes_.dtype.kind == "U"
+    np.testing.assert_array_equal(loaded.classes_, clf.classes_)
+    np.testing.assert_array_equal(loaded.predict(X), clf.predict(X))
+
+
+@pytest.mark.parametrize("kind", ["unicode", "object"])
+def test_labels_over_the_length_limit_are_refused_before_writing(
+    fitted_mlp, tmp_path, kind
+):
+    clf = copy.deepcopy(fitted_mlp)
+    labels = [f"{i}" + "x" * skassoc._persistence.MAX_LABEL_CHARS for i in range(10)]
+    clf.classes_ = np.array(labels, dtype=object if kind == "object" else str)
+    path = tmp_path / "long.skassoc"
+    with pytest.raises(ValueError, match="Cannot save classes_.*1024 characters"):
+        save_model(clf, path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_class_prior_tensor_that_requires_grad_saves(digits, tmp_path):
+    X, y = digits
+    keep = y < 2
+    prior = torch.tensor([0.3, 0.7], requires_grad=True)
+    clf = small_classifier(max_iter=3, class_prior=prior).fit(X[keep], y[keep])
+    path = tmp_path / "prior.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    np.testing.assert_allclose(loaded.class_prior, [0.3, 0.7], rtol=1e-6)
+    np.testing.assert_array_equal(loaded.class_prior_, clf.class_prior_)
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+
+
+@pytest.mark.parametrize("transform", ["pandas", "default"])
+def test_set_output_survives_save_and_load(fitted_mlp, digits, tmp_path, transform):
+    pd = pytest.importorskip("pandas")
+    X, _ = digits
+    clf = copy.deepcopy(fitted_mlp).set_output(transform=transform)
+    path = tmp_path / "output.skassoc"
+    save_model(clf, path)
+    out = load_model(path, device="cpu").transform(X)
+    assert isinstance(out, pd.DataFrame) == (transform == "pandas")
+    assert read_members(path)[0]["output_config"] == {"transform": transform}
+
+
+def test_without_set_output_the_default_output_is_kept(saved, digits):
+    loaded = load_model(saved, device="cpu")
+    assert isinstance(loaded.transform(digits[0]), np.ndarray)
+    assert read_members(saved)[0]["output_config"] == {}
+
+
+@pytest.mark.parametrize(
+    "value", [{"transform": "os.system"}, {"transform": "pandas", "x": 1}, ["pandas"]]
+)
+def test_a_bad_output_config_is_refused(saved, value):
+    metadata, weights = read_members(saved)
+    metadata["output_config"] = value
+    write_members(saved, metadata, weights)
+    with pytest.raises(ValueError, match=f"{INVALID}: bad output_config"):
+        load_model(saved, device="cpu")
+
+
+# ------------------------------------------------------------ concurrent saves
+
+
+def test_concurrent_saves_to_one_path_all_succeed(fitted_mlp, digits, tmp_path):
+    # Each save first deletes the temporary files of crashed saves; it must
+    # never take a live save's file, just created and not yet locked, for one.
+    path = tmp_path / "model.skassoc"
+    errors = []
+
+    def save_many():
+        for _ in range(20):
+            try:
+                save_model(fitted_mlp, path)
+            except Exception as exc:  # noqa: BLE001 - collected and reported
+                errors.append(exc)
+
+    threads = [threading.Thread(target=save_many) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert [p.name for p in tmp_path.iterdir()] == ["model.skassoc"]
+    loaded = load_model(path, device="cpu")
+    np.testing.assert_array_equal(
+        loaded.predict(digits[0]), fitted_mlp.predict(digits[0])
+    )

@@ -1,7 +1,12 @@
 """Bad input and faults: clear errors before training, state kept on failure."""
 
 import copy
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -12,14 +17,18 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from sklearn.utils._param_validation import InvalidParameterError
+from sklearn.model_selection import GridSearchCV, cross_validate
+from sklearn.utils._param_validation import Interval, InvalidParameterError
 
+import skassoc._classifier
 import skassoc._device
 import skassoc._sampling
 import skassoc._training
 from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._persistence import SAFE_PARAMS
 from skassoc._settings import _compile_options
-from skassoc._training import NonFiniteLossError
+from skassoc._training import NonFiniteLossError, _sigint_held_back, load_torch_dynamo
+from skassoc.model_selection import SemiSupervisedStratifiedKFold, labeled_scorer
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -40,16 +49,16 @@ def no_training(monkeypatch):
 
 @pytest.fixture
 def interrupt_at(monkeypatch):
-    """Make the step raise KeyboardInterrupt once ``k`` steps have completed."""
+    """Make the step raise KeyboardInterrupt once, after ``k`` steps (of any fit)."""
 
     def install(k):
         original = skassoc._training._AssociationStep.__call__
         calls = {"n": 0}
 
         def step(self):
-            if calls["n"] == k:
-                raise KeyboardInterrupt
             calls["n"] += 1
+            if calls["n"] == k + 1:
+                raise KeyboardInterrupt
             return original(self)
 
         monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", step)
@@ -196,7 +205,22 @@ def _bad_fit_cases():
             for shape in [(2.5, 2), ("2", "2"), (True, 2, 2), (2, None)]
         ),
         pytest.param(
-            rng.rand(40, 8, 8), y, {"image_size": True}, "got True", id="image_size"
+            rng.rand(40, 8, 8), y, {"image_size": True}, "[Gg]ot True", id="image_size"
+        ),
+        pytest.param(
+            X,
+            y,
+            {"network": torch.nn.Sequential(torch.nn.Linear(5, 4))},
+            r"shape \(n, 4\) .*mat1 and mat2 .*in_features=4",
+            id="module_first_linear_too_wide",
+        ),
+        pytest.param(
+            rng.rand(40, 8, 8),
+            y,
+            {"network": "auto", "image_size": 2**16},
+            r"network needs at least [\d,.]+ GiB .* Lower image_size or "
+            "embedding_dim",
+            id="image_size_beyond_memory",
         ),
         *(
             pytest.param(
@@ -236,6 +260,70 @@ def test_bad_input_rejected_before_training(
     with pytest.raises((ValueError, TypeError), match=match):
         clf.fit(X, y)
     assert_unfitted(clf, expected_params)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("logit_weight", 1e39),
+        ("walker_weight", 1e7),
+        ("visit_weight", np.inf),
+        ("consistency_weight", 1e7),
+        ("balance_weight", 1e7),
+        ("l2_scale", 1e39),
+        ("tol", 1e39),
+        ("learning_rate", 1e39),
+        ("embedding_dim", 10**9),
+        ("image_size", 10**6),
+        ("labeled_per_class", True),
+        ("unlabeled_batch_size", True),
+        ("max_iter", True),
+    ],
+)
+def test_out_of_range_parameter_rejected_before_training(
+    fast_params, blobs, no_training, name, value
+):
+    X, y = blobs
+    clf = make_clf(fast_params, **{name: value})
+    with pytest.raises(InvalidParameterError, match=f"'{name}' parameter .* range"):
+        clf.fit(X, y)
+    assert_unfitted(clf, clf.get_params())
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "walker_weight",
+        "visit_weight",
+        "logit_weight",
+        "consistency_weight",
+        "balance_weight",
+        "l2_scale",
+        "tol",
+        "embedding_dim",
+        "image_size",
+    ],
+)
+def test_parameter_bounds_are_the_model_files(name):
+    """What fits can be saved: the estimator's bound is the model file's."""
+    constraints = SemiSupervisedAssociationClassifier._parameter_constraints[name]
+    interval = next(c for c in constraints if isinstance(c, Interval))
+    assert SAFE_PARAMS[name](interval.right)
+    assert not SAFE_PARAMS[name](interval.right * 2)
+    assert not interval.is_satisfied_by(interval.right * 2)
+
+
+def test_network_beyond_free_memory_rejected_before_it_is_built(
+    fast_params, blobs, no_training, monkeypatch
+):
+    X, y = blobs
+    monkeypatch.setattr(skassoc._classifier, "available_memory_bytes", lambda d: 2**20)
+    clf = make_clf(fast_params, hidden_layer_sizes=(1024, 1024))
+    with pytest.raises(
+        ValueError, match=r"[\d,]+ parameters .*1.0 MiB .* hidden_layer_sizes"
+    ):
+        clf.fit(X, y)
+    assert_unfitted(clf, clf.get_params())
 
 
 @pytest.mark.parametrize(
@@ -554,13 +642,14 @@ def test_failure_inside_training_keeps_previous_fit(fast_params, blobs, monkeypa
 
 
 @pytest.mark.parametrize("k", [7, 25])
-def test_keyboard_interrupt_returns_partial_model(fast_params, blobs, interrupt_at, k):
+def test_keyboard_interrupt_keeps_partial_model_and_raises(
+    fast_params, blobs, interrupt_at, k
+):
     X, y = blobs
     interrupt_at(k)
     clf = make_clf(fast_params, max_iter=50)
-    with pytest.warns(UserWarning, match=f"interrupted after {k} of 50"):
-        returned = clf.fit(X, y)
-    assert returned is clf
+    with pytest.raises(KeyboardInterrupt, match=f"interrupted after {k} of 50"):
+        clf.fit(X, y)
     assert clf.n_iter_ == k
     # The losses of the completed steps are kept (logged every 10 steps).
     assert clf.history_["step"][-1] == k
@@ -572,7 +661,6 @@ def test_keyboard_interrupt_returns_partial_model(fast_params, blobs, interrupt_
     assert not clf.model_.training
 
 
-@pytest.mark.filterwarnings("ignore:Training was interrupted:UserWarning")
 def test_keyboard_interrupt_after_divergence_raises(fast_params, blobs, interrupt_at):
     X, y = blobs
     interrupt_at(3)  # before the first loss read-back (every 10 steps)
@@ -586,7 +674,7 @@ def test_keyboard_interrupt_after_divergence_raises(fast_params, blobs, interrup
 def test_keyboard_interrupt_outside_training_propagates(
     fast_params, blobs, monkeypatch
 ):
-    """Only an interrupt of the training steps is turned into a warning."""
+    """An interrupt before training leaves the previous fit as it was."""
     X, y = blobs
     clf = make_clf(fast_params, max_iter=5).fit(X, y)
     before = fitted_state(clf, X)
@@ -600,6 +688,86 @@ def test_keyboard_interrupt_outside_training_propagates(
     with pytest.raises(KeyboardInterrupt):
         clf.fit(X * 2, y)
     assert_same_state(clf, X, before)
+
+
+@pytest.mark.parametrize("search", ["GridSearchCV", "cross_validate"])
+def test_keyboard_interrupt_stops_a_search(
+    fast_params, blobs_semi, interrupt_at, search
+):
+    """One Ctrl-C ends the search: no truncated fit is scored as finished."""
+    X, y = blobs_semi
+    clf = make_clf(fast_params, max_iter=20)
+    cv, scoring = SemiSupervisedStratifiedKFold(2), labeled_scorer()
+    interrupt_at(5)
+    with pytest.raises(KeyboardInterrupt, match="interrupted after 5 of 20"):
+        if search == "GridSearchCV":
+            grid = {"visit_weight": [0.5, 1.0]}
+            GridSearchCV(clf, grid, cv=cv, scoring=scoring).fit(X, y)
+        else:
+            cross_validate(clf, X, y, cv=cv, scoring=scoring)
+
+
+def test_sigint_during_a_block_is_delivered_when_it_ends():
+    handler = signal.getsignal(signal.SIGINT)
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_held_back():
+            signal.raise_signal(signal.SIGINT)
+            ran.append("the rest of the block")
+    assert ran == ["the rest of the block"]
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_half_imported_torch_dynamo_gives_a_clear_error(monkeypatch):
+    def half_imported(name):
+        raise AttributeError("module 'sympy' has no attribute 'printing'")
+
+    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
+    monkeypatch.setattr(skassoc._training.importlib, "import_module", half_imported)
+    with pytest.raises(RuntimeError, match="Restart the Python process"):
+        load_torch_dynamo()
+
+
+# A Ctrl-C in the middle of torch's lazy import of sympy, as a first fit
+# triggers it; without the hold-back, every later fit of the process fails.
+_INTERRUPTED_FIRST_FIT = textwrap.dedent(
+    """
+    import importlib.abc, signal, sys
+    import numpy as np
+    from skassoc import SemiSupervisedAssociationClassifier
+
+    class InterruptSympy(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "sympy.printing":
+                sys.meta_path.remove(self)
+                signal.raise_signal(signal.SIGINT)
+
+    assert "torch._dynamo" not in sys.modules
+    rng = np.random.RandomState(0)
+    X, y = rng.rand(40, 3), np.repeat([0, 1, -1, -1], 10)
+    params = dict(network="mlp", max_iter=3, device="cpu", random_state=0)
+    sys.meta_path.insert(0, InterruptSympy())
+    try:
+        SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    except KeyboardInterrupt:
+        pass
+    assert not any(isinstance(f, InterruptSympy) for f in sys.meta_path)
+    SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    print("second fit ok")
+    """
+)
+
+
+def test_keyboard_interrupt_during_the_first_fits_imports_spares_later_fits():
+    result = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_FIRST_FIT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "second fit ok" in result.stdout
 
 
 # ---------------------------------------------------------------- warm start

@@ -5,9 +5,13 @@ import pytest
 import torch
 from sklearn.datasets import load_digits, make_blobs
 from sklearn.model_selection import GridSearchCV
+from sklearn.utils._param_validation import InvalidParameterError
 
+import skassoc._stacked
+import skassoc._training
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._stacked import fit_candidates
+from skassoc._training import NonFiniteLossError
 from skassoc.model_selection import (
     SemiSupervisedStratifiedKFold,
     StackedGridSearchCV,
@@ -163,14 +167,112 @@ def test_refuses_other_parameters(blobs, fast_params):
         fit_candidates(estimator, [{"visit_weight": -1.0}], X, y)
 
 
-def test_nonfinite_candidate_left_unfitted(blobs, fast_params):
+@pytest.fixture
+def second_candidate_fails(monkeypatch):
+    """Report the second candidate's loss as NaN; a list counts the reports.
+
+    Loss weights within their bounds do not overflow float32, so the loss of
+    one candidate alone cannot be driven to infinity by its parameters.
+    """
+    reports = []
+
+    def failed(self):
+        reports.append(1)
+        return {1}
+
+    monkeypatch.setattr(skassoc._stacked._StackedLog, "failed", failed)
+    return reports
+
+
+def test_nonfinite_candidate_left_unfitted(blobs, fast_params, second_candidate_fails):
     X, y = blobs
     estimator = SemiSupervisedAssociationClassifier(**fast_params)
-    # A weight this large overflows the loss to infinity at once.
-    candidates = [{"logit_weight": 1.0}, {"logit_weight": 1e39}]
+    candidates = [{"logit_weight": 1.0}, {"logit_weight": 2.0}]
     with pytest.warns(UserWarning, match="left unfitted"):
         fitted = fit_candidates(estimator, candidates, X, y)
     assert hasattr(fitted[0], "model_") and not hasattr(fitted[1], "model_")
+
+
+def test_search_scores_a_failed_candidate_with_error_score(
+    blobs, fast_params, second_candidate_fails
+):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    grid = {"logit_weight": [1.0, 2.0]}
+    with pytest.warns(UserWarning, match="left unfitted"):
+        search = StackedGridSearchCV(estimator, grid, cv=3, error_score=-1.0)
+        search.fit(X, y)
+    np.testing.assert_array_equal(search.cv_results_["mean_test_score"][1], -1.0)
+    assert search.best_params_ == {"logit_weight": 1.0}
+
+
+def test_error_score_raise_raises_at_the_first_failure(
+    blobs, fast_params, second_candidate_fails
+):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    grid = {"logit_weight": [1.0, 2.0]}
+    search = StackedGridSearchCV(estimator, grid, cv=3, error_score="raise")
+    with pytest.raises(NonFiniteLossError, match=r"'logit_weight': 2.0"):
+        search.fit(X, y)
+    assert len(second_candidate_fails) == 1  # the first fold only
+    assert not hasattr(search, "cv_results_")
+
+
+@pytest.mark.parametrize(
+    "params, name",
+    [
+        ({"error_score": "ignore"}, "error_score"),
+        ({"stacking": "bogus"}, "stacking"),
+        ({"refit": "yes"}, "refit"),
+        ({"cv": 1}, "cv"),
+    ],
+)
+def test_search_refuses_bad_parameters_before_fitting(blobs, fast_params, params, name):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    search = StackedGridSearchCV(estimator, GRID, **params)
+    with pytest.raises(InvalidParameterError, match=f"'{name}' parameter"):
+        search.fit(X, y)
+
+
+def test_keyboard_interrupt_stops_the_stacked_search(blobs, fast_params, monkeypatch):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(skassoc._stacked._StackedStep, "__call__", interrupted)
+    search = StackedGridSearchCV(estimator, GRID, cv=3)
+    with pytest.raises(KeyboardInterrupt):
+        search.fit(X, y)
+    assert not hasattr(search, "cv_results_")
+
+
+def test_keyboard_interrupt_during_the_refit_stops_the_search(
+    blobs, fast_params, monkeypatch
+):
+    """The refit is a plain fit: it keeps its model, then raises."""
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    original = skassoc._training._AssociationStep.__call__
+    calls = []
+
+    def interrupted_after_five(self):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return original(self)
+
+    # The stacked folds use their own step; only the refit runs this one.
+    monkeypatch.setattr(
+        skassoc._training._AssociationStep, "__call__", interrupted_after_five
+    )
+    search = StackedGridSearchCV(estimator, {"logit_weight": [1.0, 2.0]}, cv=3)
+    with pytest.raises(KeyboardInterrupt, match="interrupted after 5 of 30"):
+        search.fit(X, y)
+    assert search.best_estimator_.n_iter_ == 5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,0 +1,374 @@
+"""Read the weights of model files of formats 1 and 2 without unpickling them.
+
+Those files stored the network's weights with :func:`torch.save`: a zip
+archive whose ``data.pkl`` is a pickle of a dict of tensors, the tensors'
+bytes in members ``data/<key>``. Unpickling runs whatever the pickle names,
+so this reader never unpickles: it walks the opcodes with
+:func:`pickletools.genops`, which decodes them and executes nothing, and
+follows only the few opcodes and the four globals that ``torch.save``
+writes for a plain dict of contiguous float32 and int64 tensors. Anything
+else (another global, a view with an offset or strides, a storage shared by
+two tensors, a member that is compressed or of the wrong size) is refused.
+:func:`read_records` returns what each tensor claims to be, so that the
+caller can match it against the network before :func:`read_tensors` reads
+a byte of its data.
+"""
+
+import io
+import math
+import pickletools
+import zipfile
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["LegacyWeightsError", "TensorRecord", "read_records", "read_tensors"]
+
+#: The pickle of a state dict takes about 300 bytes a tensor.
+MAX_PICKLE_BYTES = 2**20
+MAX_MEMBERS = 4096
+# What torch.save calls its globals, and the storage types it may name.
+_DICT_CLASS = ("collections", "OrderedDict")
+_REBUILD_TENSOR = ("torch._utils", "_rebuild_tensor_v2")
+STORAGE_DTYPES = {
+    ("torch", "FloatStorage"): torch.float32,
+    ("torch", "LongStorage"): torch.int64,
+}
+# Members beside data.pkl and data/<key> that torch.save writes (by version).
+_BOOKKEEPING = {
+    "version",
+    "byteorder",
+    ".format_version",
+    ".storage_alignment",
+    ".data/version",
+    ".data/serialization_id",
+}
+# Opcodes that only push a value decoded by genops, or store one in the memo.
+_PUSH = {
+    "BINUNICODE",
+    "SHORT_BINUNICODE",
+    "BININT",
+    "BININT1",
+    "BININT2",
+    "LONG1",
+}
+_MEMO_PUT = {"BINPUT", "LONG_BINPUT"}
+_MEMO_GET = {"BINGET", "LONG_BINGET"}
+
+
+class LegacyWeightsError(Exception):
+    """Why the weights of an old model file cannot be read safely."""
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One tensor of the pickle: where its bytes are and what they must hold."""
+
+    member: str
+    dtype: torch.dtype
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class _Storage:
+    key: str
+    dtype: torch.dtype
+    numel: int
+
+
+@dataclass(frozen=True)
+class _Global:
+    name: tuple
+
+
+_EMPTY_HOOKS = object()  # torch.save's empty OrderedDict of backward hooks
+
+
+def read_records(data):
+    """What each tensor of the torch.save archive ``data`` claims to be.
+
+    Parameters
+    ----------
+    data : bytes
+        The weights member of a model file of format 1 or 2.
+
+    Returns
+    -------
+    records : dict of str to TensorRecord
+
+    Raises
+    ------
+    LegacyWeightsError
+        If the archive is not a plain dict of contiguous float32 and int64
+        tensors as ``torch.save`` writes it.
+    """
+    archive, prefix = _open(data)
+    with archive:
+        pickle = _member(archive, prefix + "data.pkl", MAX_PICKLE_BYTES)
+        if _has(archive, prefix + "byteorder"):
+            if _member(archive, prefix + "byteorder", 16) != b"little":
+                raise LegacyWeightsError("the weights are stored big-endian.")
+        tensors = _Reader().run(pickle)
+        records = {}
+        for name, tensor in tensors.items():
+            storage, shape = tensor.storage, tensor.shape
+            member = f"{prefix}data/{storage.key}"
+            info = _info(archive, member)
+            itemsize = torch.empty((), dtype=storage.dtype).element_size()
+            if info.file_size != storage.numel * itemsize:
+                raise LegacyWeightsError(f"{member} does not hold {name!r}.")
+            records[name] = TensorRecord(member, storage.dtype, shape)
+    return records
+
+
+def read_tensors(data, records):
+    """The tensors of ``records`` (from :func:`read_records`), read from ``data``."""
+    archive, _ = _open(data)
+    with archive:
+        tensors = {}
+        for name, record in records.items():
+            size = _info(archive, record.member).file_size
+            raw = bytearray(_member(archive, record.member, size))
+            if not raw:
+                tensors[name] = torch.empty(record.shape, dtype=record.dtype)
+                continue
+            tensors[name] = torch.frombuffer(raw, dtype=record.dtype).reshape(
+                record.shape
+            )
+    return tensors
+
+
+def _open(data):
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as exc:
+        raise LegacyWeightsError(
+            f"the weights are not a torch archive: {exc}"
+        ) from None
+    names = archive.namelist()
+    pickles = [name for name in names if name.endswith("/data.pkl")]
+    if len(pickles) != 1 or len(names) > MAX_MEMBERS or len(set(names)) != len(names):
+        archive.close()
+        raise LegacyWeightsError("the weights are not one torch.save archive.")
+    prefix = pickles[0][: -len("data.pkl")]
+    for name in names:
+        rest = name[len(prefix) :] if name.startswith(prefix) else None
+        known = rest is not None and (
+            rest in _BOOKKEEPING
+            or rest == "data.pkl"
+            or (rest.startswith("data/") and _is_key(rest[5:]))
+        )
+        if not known:
+            archive.close()
+            raise LegacyWeightsError(f"unknown member {name[:60]!r} in the weights.")
+    return archive, prefix
+
+
+def _has(archive, name):
+    return name in archive.NameToInfo
+
+
+def _info(archive, name):
+    if not _has(archive, name):
+        raise LegacyWeightsError(f"the weights have no {name[:60]!r}.")
+    info = archive.getinfo(name)
+    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+        raise LegacyWeightsError(f"{name[:60]!r} is compressed or encrypted.")
+    return info
+
+
+def _member(archive, name, limit):
+    info = _info(archive, name)
+    if info.file_size > limit:
+        raise LegacyWeightsError(f"{name[:60]!r} is larger than {limit} bytes.")
+    try:
+        with archive.open(info) as stream:
+            data = stream.read(limit + 1)
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise LegacyWeightsError(f"cannot read {name[:60]!r}: {exc}") from None
+    if len(data) != info.file_size:
+        raise LegacyWeightsError(f"{name[:60]!r} is not of its declared size.")
+    return data
+
+
+class _Reader:
+    """A pickle machine for the opcodes of a state dict, that calls nothing."""
+
+    def __init__(self):
+        self.stack = []
+        self.marks = []  # stack lengths at each MARK, as pickle's own
+        self.memo = {}
+        self.result = None
+
+    def run(self, pickle):
+        try:
+            for opcode, arg, _ in pickletools.genops(pickle):
+                self.step(opcode.name, arg)
+                if self.result is not None:
+                    return self.result
+        except (ValueError, IndexError, KeyError, TypeError) as exc:
+            # genops refuses torn opcodes; the stack and memo, bad references.
+            raise LegacyWeightsError(f"malformed weights pickle: {exc}") from None
+        raise LegacyWeightsError("the weights pickle does not end.")
+
+    def step(self, name, arg):
+        stack = self.stack
+        if name in _PUSH:
+            stack.append(arg)
+        elif name in _MEMO_PUT:
+            self.memo[arg] = stack[-1]
+        elif name in _MEMO_GET:
+            stack.append(self.memo[arg])
+        elif name == "PROTO":
+            if not 2 <= arg <= 5:
+                raise LegacyWeightsError(f"pickle protocol {arg}.")
+        elif name == "MARK":
+            self.marks.append(len(stack))
+        elif name in ("EMPTY_DICT", "EMPTY_TUPLE"):
+            stack.append({} if name == "EMPTY_DICT" else ())
+        elif name in ("NEWTRUE", "NEWFALSE"):
+            stack.append(name == "NEWTRUE")
+        elif name == "TUPLE":
+            stack.append(tuple(self.pop_mark()))
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            size = int(name[-1])
+            if len(stack) < size:
+                raise IndexError("stack underflow")
+            items = tuple(stack[-size:])
+            del stack[-size:]
+            stack.append(items)
+        elif name == "GLOBAL":
+            stack.append(_global(arg))
+        elif name == "BINPERSID":
+            stack.append(_storage(stack.pop()))
+        elif name == "REDUCE":
+            args = stack.pop()
+            stack.append(_reduce(stack.pop(), args))
+        elif name in ("SETITEM", "SETITEMS"):
+            if name == "SETITEM":
+                items = stack[-2:]
+                del stack[-2:]
+            else:
+                items = self.pop_mark()
+            _set_items(stack[-1], items)
+        elif name == "STOP":
+            self.result = self.finish()
+        else:
+            raise LegacyWeightsError(f"the weights pickle uses opcode {name}.")
+
+    def pop_mark(self):
+        start = self.marks.pop()
+        items = self.stack[start:]
+        del self.stack[start:]
+        return items
+
+    def finish(self):
+        if len(self.stack) != 1 or self.marks or not isinstance(self.stack[0], dict):
+            raise LegacyWeightsError("the weights pickle is not one dict of tensors.")
+        tensors = self.stack[0]
+        keys = [tensor.storage.key for tensor in tensors.values()]
+        # A memo reference can name one storage under several keys: each
+        # would be read again, so a small file could fill much memory.
+        if len(set(keys)) != len(keys):
+            raise LegacyWeightsError("two tensors share one storage.")
+        return tensors
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    storage: _Storage
+    shape: tuple
+
+
+def _storage(pid):
+    valid = (
+        isinstance(pid, tuple)
+        and len(pid) == 5
+        and pid[0] == "storage"
+        and isinstance(pid[1], _Global)
+        and pid[1].name in STORAGE_DTYPES
+        and _is_key(pid[2])
+        and pid[3] == "cpu"
+        and _is_int(pid[4])
+        and pid[4] >= 0
+    )
+    if not valid:
+        raise LegacyWeightsError("a tensor's storage is not a CPU float or long one.")
+    return _Storage(pid[2], STORAGE_DTYPES[pid[1].name], pid[4])
+
+
+def _reduce(function, args):
+    if not isinstance(function, _Global):
+        raise LegacyWeightsError("the weights pickle calls a non-global.")
+    if function.name == _DICT_CLASS and args == ():
+        return _EMPTY_HOOKS
+    if function.name != _REBUILD_TENSOR:
+        raise LegacyWeightsError(f"the weights pickle calls {function.name}.")
+    if not (isinstance(args, tuple) and len(args) == 6):
+        raise LegacyWeightsError("a tensor is rebuilt with unusual arguments.")
+    storage, offset, shape, stride, requires_grad, hooks = args
+    plain = (
+        isinstance(storage, _Storage)
+        and offset == 0
+        and _is_contiguous(shape, stride)
+        and math.prod(shape) == storage.numel
+        and isinstance(requires_grad, bool)
+        and hooks is _EMPTY_HOOKS
+    )
+    if not plain:
+        raise LegacyWeightsError(
+            "a tensor is a view (an offset, strides or a part of its storage), "
+            "not a plain contiguous tensor."
+        )
+    return _Tensor(storage, shape)
+
+
+def _set_items(target, items):
+    if not isinstance(target, dict) or len(items) % 2:
+        raise LegacyWeightsError("the weights pickle fills something not a dict.")
+    for key, value in zip(items[::2], items[1::2], strict=True):
+        if not isinstance(key, str) or not isinstance(value, _Tensor):
+            raise LegacyWeightsError("the weights are not a dict of named tensors.")
+        if key in target:
+            raise LegacyWeightsError(f"tensor {key[:60]!r} appears twice.")
+        target[key] = value
+
+
+def _global(arg):
+    module, _, name = arg.partition(" ")
+    allowed = {_DICT_CLASS, _REBUILD_TENSOR, *STORAGE_DTYPES}
+    if (module, name) not in allowed:
+        raise LegacyWeightsError(f"the weights pickle names {arg[:80]!r}.")
+    return _Global((module, name))
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_key(value):
+    return isinstance(value, str) and value.isascii() and value.isdigit()
+
+
+def _is_contiguous(shape, stride):
+    """Whether ``stride`` lays ``shape`` out in row-major order without gaps.
+
+    As torch's own test: the stride of a dimension of size 1 is free (a
+    contiguous copy of a channels-last tensor keeps it), and an empty
+    tensor has no layout.
+    """
+    if not (
+        isinstance(shape, tuple)
+        and isinstance(stride, tuple)
+        and len(shape) == len(stride)
+        and all(_is_int(v) and v >= 0 for v in shape + stride)
+    ):
+        return False
+    if 0 in shape:
+        return True
+    step = 1
+    for size, gap in zip(reversed(shape), reversed(stride), strict=True):
+        if size != 1 and gap != step:
+            return False
+        step *= size
+    return True
