@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -8,6 +9,20 @@ for line in (HERE / "skassoc" / "_version.py").read_text().splitlines():
     if line.startswith("__version__"):
         exec(line, version)
 
+# An image directive and its indented options, up to the next blank line.
+_IMAGE = re.compile(r"^\.\. image::.*\n(?:[ \t]+\S.*\n)*\n?", re.MULTILINE)
+
+
+def long_description():
+    """README.rst without its image.
+
+    The image's path is relative to the repository, which a package index page
+    cannot show; the project has no public address to point it to instead.
+    """
+    text = (HERE / "README.rst").read_text(encoding="utf-8")
+    return _IMAGE.sub("", text)
+
+
 setup(
     name="skassoc",
     version=version["__version__"],
@@ -15,9 +30,12 @@ setup(
         "Semi-supervised learning by association (Haeusser et al., CVPR 2017) "
         "as a scikit-learn estimator on PyTorch"
     ),
-    long_description=(HERE / "README.rst").read_text(),
+    long_description=long_description(),
     long_description_content_type="text/x-rst",
-    license="BSD-3-Clause",
+    # An SPDX expression (PEP 639) instead of a license classifier, which
+    # setuptools deprecates; pyproject.toml asks for a setuptools that knows it.
+    license_expression="BSD-3-Clause",
+    license_files=["LICENSE"],
     packages=find_packages(include=["skassoc", "skassoc.*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -25,7 +43,13 @@ setup(
         "scikit-learn>=1.6",
         # load_svhn reads MATLAB files (scikit-learn depends on it as well).
         "scipy>=1.9",
-        "torch>=2.2",
+        # 2.6 fixed a code-execution bypass of torch.load(weights_only=True)
+        # (CVE-2025-32434); model files no longer use torch.load, but a user's
+        # own torch.load calls should not run on a torch with a known hole.
+        "torch>=2.6",
+        # Model files store weights as safetensors: a reader with no code path
+        # at all (torch.load goes through an unpickler).
+        "safetensors>=0.4.3",
         "joblib>=1.2",
         "tqdm>=4.60",
     ],
@@ -46,6 +70,8 @@ setup(
             "onnxscript",
         ],
         "examples": ["matplotlib>=3.7", "pillow>=9"],
+        # skassoc.datasets.make_synthetic_digits draws the digits of fonts.
+        "datasets": ["pillow>=9"],
         # skassoc.export.export_onnx; torch >= 2.5 exports through onnxscript.
         "onnx": ["onnx", "onnxscript"],
         # The docs build offline (MathJax and the intersphinx inventories
@@ -64,6 +90,5 @@ setup(
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
-        "License :: OSI Approved :: BSD License",
     ],
 )

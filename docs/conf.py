@@ -1,8 +1,10 @@
 """Sphinx configuration of the skassoc documentation.
 
-Build (from the repository root)::
+Build (from the repository root; on this project's machines a local CPU
+wheel of PyTorch 2.13.0 serves the pin, elsewhere install PyTorch first as
+docs/installation.rst says and leave the pin out)::
 
-    python -m pip install ".[docs]"
+    python -m pip install torch==2.13.0 ".[docs]"
     python -m sphinx -W -b html docs docs/_build/html -j1
 
 The build needs no network: MathJax is served from ``_static/mathjax`` and
@@ -26,6 +28,8 @@ DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 # Document the source tree next to this folder, installed or not.
 sys.path.insert(0, str(ROOT))
+# This build's own directives (the benchmark pages' tables).
+sys.path.insert(0, str(DOCS / "_ext"))
 
 import torch  # noqa: E402
 
@@ -52,6 +56,7 @@ extensions = [
     "sphinx.ext.mathjax",
     "numpydoc",
     "sphinx_gallery.gen_gallery",
+    "benchmark_tables",
 ]
 
 templates_path = ["_templates"]
@@ -151,7 +156,9 @@ sphinx_gallery_conf = {
     "examples_dirs": "../examples",
     "gallery_dirs": "auto_examples",
     # Only plot_*.py files are executed (the MNIST one only where the files
-    # are: examples never download) ...
+    # are: examples never download, so its thumbnail is a static image, its
+    # confusion matrix saved from a run, _static/plot_mnist_cpu_thumbnail.png)
+    # ...
     "filename_pattern": r"/plot_" if MNIST_DIR else r"/plot_(?!mnist)",
     # ... and only they are shown: other scripts in examples/ (such as
     # digits_main.py, a command-line job) are not gallery examples.
@@ -198,7 +205,9 @@ html_css_files = ["skassoc.css"]
 html_theme_options = {
     "description": "Learning by association for scikit-learn",
     "fixed_sidebar": True,
-    "page_width": "1100px",
+    # Wide enough for the benchmark tables at 1,280 px; narrower windows get
+    # alabaster's one-column layout (it switches at this width).
+    "page_width": "1240px",
     "body_max_width": "none",
     "sidebar_width": "230px",
     "show_relbars": True,

@@ -152,13 +152,16 @@ def make_methods(labels_per_class, seed):
         (
             "same network, labeled only",
             # The walker and visit losses are off, so the unlabeled batch
-            # feeds no loss; a small one only saves time.
+            # feeds no loss; a small one only saves time. Fitted on labeled
+            # samples only, on purpose: unlabeled_pool="all" says so (the
+            # estimator warns of a y without -1 otherwise).
             association_classifier(
                 labels_per_class,
                 seed,
                 walker_weight=0.0,
                 visit_weight=0.0,
                 unlabeled_batch_size=10,
+                unlabeled_pool="all",
             ),
             True,
         ),

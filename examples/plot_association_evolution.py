@@ -24,8 +24,9 @@ digit and back to its class, and the visit loss spreads it over all of
 # The network trains with 10 labels per class. As in the paper's figure, the
 # drawn batch ``A`` holds 2 labeled samples of every digit. ``B`` holds 20
 # unlabeled samples, 2 of every digit so that each labeled sample has
-# partners to find (the walk never sees their labels). The "before" model is
-# trained for a single step.
+# partners to find (the walk never sees their labels). The trained model
+# has the default parameters; the "before" model differs only in
+# ``max_iter=1``, a single step.
 import matplotlib.pyplot as plt
 import numpy as np
 from sklearn.datasets import load_digits
@@ -48,14 +49,9 @@ batch_b = np.concatenate(
 )
 
 
-def association(max_iter):
-    return SemiSupervisedAssociationClassifier(
-        "mlp", max_iter=max_iter, device="cpu", random_state=0
-    )
-
-
-before = association(max_iter=1).fit(X, y_semi)
-after = association(max_iter=1000).fit(X, y_semi)
+before = SemiSupervisedAssociationClassifier(max_iter=1, random_state=0)
+before.fit(X, y_semi)
+after = SemiSupervisedAssociationClassifier(random_state=0).fit(X, y_semi)
 
 # %%
 # The walk A -> B -> A before and after training
@@ -68,7 +64,7 @@ fig, axes = plt.subplots(2, 1, figsize=(10, 7))
 fig.subplots_adjust(left=0.11, right=0.99, top=0.95, bottom=0.06, hspace=0.35)
 for ax, model, title in [
     (axes[0], before, "Before training (1 step)"),
-    (axes[1], after, "After training (1000 steps)"),
+    (axes[1], after, f"After training ({after.n_iter_} steps)"),
 ]:
     plot_association_graph(
         model,

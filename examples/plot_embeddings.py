@@ -15,7 +15,8 @@ regression in a pipeline, and shows nearest neighbours in it.
 # %%
 # Training with 10 labels per class
 # ---------------------------------
-# The "before" model is trained for a single step, so its embedding is that
+# The trained model has the default parameters. The "before" model differs
+# only in ``max_iter=1``: trained for a single step, its embedding is that
 # of the randomly initialised network.
 import matplotlib.pyplot as plt
 import numpy as np
@@ -38,16 +39,11 @@ y_semi = make_semi_supervised_labels(y_train, 10, random_state=0)
 labeled = y_semi != -1
 
 
-def association(max_iter):
-    return SemiSupervisedAssociationClassifier(
-        "mlp", max_iter=max_iter, device="cpu", random_state=0
-    )
-
-
-before = association(max_iter=1).fit(X_train, y_semi)
-after = association(max_iter=500).fit(X_train, y_semi)
+before = SemiSupervisedAssociationClassifier(max_iter=1, random_state=0)
+before.fit(X_train, y_semi)
+after = SemiSupervisedAssociationClassifier(random_state=0).fit(X_train, y_semi)
 print(f"Test accuracy after 1 step: {before.score(X_test, y_test):.3f}")
-print(f"Test accuracy after 500 steps: {after.score(X_test, y_test):.3f}")
+print(f"Test accuracy after {after.n_iter_} steps: {after.score(X_test, y_test):.3f}")
 
 # %%
 # The test set in the embedding, projected by PCA
@@ -57,7 +53,7 @@ print(f"Test accuracy after 500 steps: {after.score(X_test, y_test):.3f}")
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.6), layout="constrained")
 for ax, model, title in [
     (axes[0], before, "Before training (1 step)"),
-    (axes[1], after, "After training (500 steps)"),
+    (axes[1], after, f"After training ({after.n_iter_} steps)"),
 ]:
     points = PCA(n_components=2).fit_transform(model.transform(X_test))
     scatter = ax.scatter(*points.T, c=y_test, cmap="tab10", s=12, vmin=-0.5, vmax=9.5)

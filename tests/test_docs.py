@@ -221,3 +221,220 @@ Title
         ("bash", "echo hi", None, "second"),
     ]
     assert untagged_literal_blocks("Text::\n\n    x\n.. math::\n") == [1]
+
+
+# --------------------------------------------------------------------------
+# Install instructions
+
+
+def _section(text, title):
+    """The body of the section ``title`` of an RST page (up to the next one)."""
+    match = re.search(
+        rf"^{re.escape(title)}\n[-=~^]+\n(.*?)(?=^\S[^\n]*\n[-=~^]+\n|\Z)",
+        text,
+        flags=re.M | re.S,
+    )
+    assert match, f"no section {title!r}"
+    return match.group(1)
+
+
+CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+CUDA_INSTALL = re.compile(
+    r"pip install torch --index-url https://download\.pytorch\.org/whl/cu\d+"
+)
+
+
+@pytest.mark.parametrize(
+    "page, section", [("../README.rst", "Install"), ("installation.rst", None)]
+)
+def test_install_gives_the_cpu_and_the_cuda_build(page, section):
+    """Commands right on any machine: the CPU build from PyTorch's index (PyPI's
+    Linux wheel is the CUDA build), the CUDA build, each labelled, and the
+    local-wheel pin said to hold on this project's machines only."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    body = _section(text, section) if section else text
+    bash = "\n".join(
+        code for _, lang, code, _, _ in extract_blocks(body) if lang == "bash"
+    )
+    assert CPU_INSTALL in bash and CUDA_INSTALL.search(bash)
+    assert "CPU" in body and ("GPU" in body or "CUDA" in body)
+    assert "pip install torch==2.13.0 ." in body
+    assert "this project's own machines" in body
+
+
+@pytest.mark.parametrize("page", ["../README.rst", "installation.rst"])
+def test_docs_install_pins_torch_as_the_other_commands(page):
+    text = (DOCS / page).read_text(encoding="utf-8")
+    assert re.search(r'pip install torch==2\.13\.0 "\.\[docs\]"', text)
+    assert not re.search(
+        r'(?<!torch==2\.13\.0 )(?<!then )``pip install "\.\[docs\]" &&', text
+    )
+
+
+# --------------------------------------------------------------------------
+# The benchmark pages
+
+BENCHMARK_PAGES = [
+    "benchmarks.rst",
+    *sorted(
+        p.relative_to(DOCS).as_posix() for p in (DOCS / "benchmarks").glob("*.rst")
+    ),
+]
+_DIRECTIVE_WITH_PATH = re.compile(r"^\.\. (include|results-excerpt):: (\S+)\s*$")
+_OPTION = re.compile(r"^   :([\w-]+):\s*(.*)$")
+
+
+def _excerpt(text, options, where):
+    """What an include or results-excerpt directive with ``options`` shows."""
+    lines = text.splitlines(keepends=True)
+    text = "".join(
+        lines[
+            int(options.get("start-line", 0)) : int(options.get("end-line", len(lines)))
+        ]
+    )
+    start = 0
+    for name, keep in (("start-after", False), ("after", False), ("from", True)):
+        if name in options:
+            start = text.find(options[name])
+            assert start >= 0, f"{where}: {name} text {options[name]!r} not found"
+            start += 0 if keep else len(options[name])
+    end = len(text)
+    for name in ("end-before", "until"):
+        if name in options:
+            end = text.find(options[name], start)
+            assert end >= 0, f"{where}: {name} text {options[name]!r} not found"
+    return text[start:end]
+
+
+def expanded_page(page):
+    """The page's text with its included and excerpted files put in place."""
+    path = DOCS / page
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        match = _DIRECTIVE_WITH_PATH.match(lines[i])
+        i += 1
+        if not match:
+            out.append(lines[i - 1])
+            continue
+        options = {}
+        while i < len(lines) and _OPTION.match(lines[i]):
+            name, value = _OPTION.match(lines[i]).groups()
+            options[name] = value
+            i += 1
+        source = (path.parent / match.group(2)).resolve()
+        out += _excerpt(
+            source.read_text(encoding="utf-8"), options, f"{page}"
+        ).splitlines()
+    return "\n".join(out)
+
+
+def headings(text):
+    """Section titles and rubrics of an RST text."""
+    lines = text.splitlines()
+    titles = [
+        lines[i].strip()
+        for i in range(len(lines) - 1)
+        if lines[i].strip()
+        and re.fullmatch(r"([=\-~^\"'`#*+])\1{2,}", lines[i + 1])
+        and len(lines[i + 1]) >= len(lines[i].strip())
+        and not re.fullmatch(r"[=\- ]+", lines[i])
+    ]
+    return titles + re.findall(r"^\.\. rubric:: (.+)$", text, flags=re.M)
+
+
+def test_benchmark_pages_have_unique_headings():
+    seen = {}
+    for page in BENCHMARK_PAGES:
+        for title in headings(expanded_page(page)):
+            assert title not in seen, f"{title!r} on {page} and on {seen[title]}"
+            seen[title] = page
+
+
+def test_benchmark_provenance_and_runs_only_in_the_appendix():
+    """Revisions, machine lines and per-run rows stay out of the pages' tables
+    and headers; the appendix has them."""
+    provenance = re.compile(r"\| torch \S+ \||-dirty\b|Runs per machine")
+    per_run = re.compile(r"^\S+/\S+/(100|1000|all)/\d+\s", flags=re.M)
+    for page in BENCHMARK_PAGES:
+        text = expanded_page(page)
+        if page.endswith("appendix.rst"):
+            assert per_run.search(text) and "results-provenance::" in text
+            continue
+        assert not provenance.search(text), page
+        assert not per_run.search(text), page
+
+
+def test_benchmark_summary_is_the_first_page_and_short():
+    """The few tables a user decides on; the rest on the pages below it."""
+    text = expanded_page("benchmarks.rst")
+    borders = re.findall(r"^=+(?: +=+)+$", text, flags=re.M)
+    assert 0 < len(borders) // 3 <= 3
+    toctree = text.split(".. toctree::")[1]
+    for page in BENCHMARK_PAGES[1:]:
+        assert page.removesuffix(".rst") in toctree
+
+
+# --------------------------------------------------------------------------
+# The example gallery
+
+EXAMPLES = sorted((ROOT / "examples").glob("plot_*.py"))
+
+
+def _estimator_calls(path):
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "SemiSupervisedAssociationClassifier"
+    ]
+
+
+def _prose(path):
+    """The docstring and comments of an example: what a reader is told."""
+    text = path.read_text(encoding="utf-8")
+    docstring = text.split('"""')[1]
+    comments = [
+        line.strip() for line in text.splitlines() if line.strip().startswith("#")
+    ]
+    return docstring + "\n".join(comments)
+
+
+def test_label_count_example_uses_the_defaults():
+    calls = _estimator_calls(ROOT / "examples" / "plot_digits_label_count.py")
+    assert calls
+    for call in calls:
+        assert not call.args
+        assert [k.arg for k in call.keywords] == ["random_state"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_says_which_parameters_it_sets(path):
+    prose = _prose(path)
+    for call in _estimator_calls(path):
+        assert not call.args, f"{path.name}: name the parameters it sets"
+        for keyword in call.keywords:
+            if keyword.arg not in (None, "random_state"):
+                assert keyword.arg in prose, f"{path.name} sets {keyword.arg} silently"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_has_a_thumbnail(path):
+    """A figure of its own, or a static image where the build may not run it
+    (the MNIST example runs only where the MNIST files are)."""
+    text = path.read_text(encoding="utf-8")
+    static = re.search(
+        r"^# sphinx_gallery_thumbnail_path = \"(.+)\"$", text, flags=re.M
+    )
+    if "mnist" in path.name:
+        assert static, f"{path.name} needs a static thumbnail"
+    if static:
+        assert (DOCS / static.group(1)).is_file()
+    assert re.search(r"plt\.subplots|plt\.figure|plot_\w+\(", text)
+    number = re.search(r"^# sphinx_gallery_thumbnail_number = (\d+)$", text, flags=re.M)
+    if number:
+        figures = len(re.findall(r"plt\.subplots|plt\.figure|fig = plot_", text))
+        assert int(number.group(1)) <= figures

@@ -210,7 +210,8 @@ def _import_pillow():
     except ImportError as exc:
         raise ImportError(
             "make_synthetic_digits needs Pillow to render the digits of the "
-            "fonts; install it with `pip install pillow`."
+            "fonts; install it with `pip install pillow` (or with skassoc's "
+            'extra: `pip install "skassoc[datasets]"`).'
         ) from exc
     return Image, ImageDraw, ImageFont
 
