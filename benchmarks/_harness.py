@@ -314,7 +314,7 @@ def parse(parser, argv=None):
     args = parser.parse_args(argv)
     if args.shard is not None:
         args.shard = _shard(parser, args)
-    args.json_given = args.json is not None
+    args.json_given, args.table_given = args.json is not None, args.table is not None
     if args.merge and (not args.json_given or args.render_only):
         parser.error(
             "--merge writes the runs of its files, and only those, to --json: "
@@ -633,19 +633,46 @@ def scores(y_true, y_pred):
     }
 
 
-def rst_table(header, cells, right=True, sep="  "):
-    """A reStructuredText simple table, the first column left-aligned and the
-    others right-aligned (left-aligned without ``right``)."""
+def _aligned(header, cells, right, sep):
+    """The columns' widths, and a function that joins one row's values padded
+    to them (right-aligned where ``right[i]``)."""
     widths = [max(len(str(r[i])) for r in [header, *cells]) for i in range(len(header))]
-    border = sep.join("=" * w for w in widths)
 
     def line(values):
         return sep.join(
-            str(v).rjust(w) if i and right else str(v).ljust(w)
-            for i, (v, w) in enumerate(zip(values, widths))
+            str(v).rjust(w) if r else str(v).ljust(w)
+            for v, w, r in zip(values, widths, right)
         ).rstrip()
 
+    return widths, line
+
+
+def rst_table(header, cells, right=True, sep="  "):
+    """A reStructuredText simple table, the first column left-aligned and the
+    others right-aligned (left-aligned without ``right``)."""
+    right = [bool(i and right) for i in range(len(header))]
+    widths, line = _aligned(header, cells, right, sep)
+    border = sep.join("=" * w for w in widths)
     return "\n".join([border, line(header), border, *(line(c) for c in cells), border])
+
+
+def text_table(header, cells, sep="  "):
+    """A plain-text table for a terminal: the header, a rule of dashes and the
+    rows, a column of numbers right-aligned and the others left-aligned."""
+
+    def number(value):
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    right = [
+        bool(cells) and all(number(c[i]) for c in cells) for i in range(len(header))
+    ]
+    widths, line = _aligned(header, cells, right, sep)
+    rule = sep.join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *(line(c) for c in cells)])
 
 
 def fmt(value, digits=2):

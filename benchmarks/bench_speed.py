@@ -231,7 +231,9 @@ def render(paths):
             fits = f'"{accuracy["recipe"]}" {fits}'
         rate = max(r["images_per_s"] for r in results["predict"]["runs"].values())
         marginal = sk.get("marginal_steps_per_s")
-        steps_per_s = f"{sk['steps_per_s']:.3g}".replace("e+03", "000")
+        # Three significant digits, never in exponent form (1.07e+03 -> 1070).
+        steps_per_s = float(f"{sk['steps_per_s']:.3g}")
+        steps_per_s = f"{steps_per_s:g}"
         ratio = training["ratio_skassoc_over_bare"]
         cells.append([Path(path).name, meta.get("precision", "auto")])
         cells[-1] += ["yes" if meta.get("compile") else "no"]

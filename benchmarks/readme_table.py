@@ -83,7 +83,10 @@ def main(argv=None):
     block = readme_block(text)
     if block is None:
         raise SystemExit(f"README.rst has no lines {START!r} and {END!r}")
-    h.write_text(README, text.replace(START + block + END, f"{START}\n{table}\n{END}"))
+    # reStructuredText needs a blank line after a table (else the README, and
+    # the package's long description, render with a warning).
+    new_block = f"{START}\n{table}\n\n{END}"
+    h.write_text(README, text.replace(START + block + END, new_block))
 
 
 if __name__ == "__main__":

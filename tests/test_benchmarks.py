@@ -9,10 +9,16 @@ files when they are there.
 import importlib
 import json
 import re
+import shlex
+import tempfile
+import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.pipeline import make_pipeline
+from sklearn.semi_supervised import LabelSpreading
 
 from skassoc import SemiSupervisedAssociationClassifier
 
@@ -267,6 +273,154 @@ def test_bench_defaults_merge_names_a_malformed_file(
         bench("bench_defaults").main(argv)
     assert str(bad) in str(raised.value)
     assert not out.exists()
+
+
+@pytest.fixture
+def tiny_skassoc(bench, monkeypatch):
+    """bench_defaults with a tiny skassoc network, fitted for a few steps."""
+    script = bench("bench_defaults")
+    tiny = partial(script.SemiSupervisedAssociationClassifier, max_iter=5, **TINY)
+    monkeypatch.setattr(script, "SemiSupervisedAssociationClassifier", tiny)
+    return script
+
+
+def test_bench_defaults_prints_only_its_table_and_keeps_no_files(
+    tiny_skassoc, tmp_path, monkeypatch, capsys, torch_single_thread
+):
+    """README's first command: one plain table on stdout, nothing on stderr,
+    no warning, and no file left in the working folder or the repository."""
+    script = tiny_skassoc
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    repository = {p.name for p in ROOT.iterdir()}
+    results_before = {p.name for p in RESULTS.iterdir()}
+    methods = ["skassoc-labeled", "label-spreading", "mlp-labeled"]
+    argv = ["--device=cpu", "--only", "digits", "--labels", "3", "--draws", "2"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = script.main([*argv, "--methods", *methods, "--no-save"])
+    out, err = capsys.readouterr()
+    assert [str(w.message) for w in caught] == [] and err == ""
+    assert out == script.summary(results["runs"], methods) + "\n"
+    lines = out.splitlines()
+    assert lines[0].split("  ")[0] == "data set" and set(lines[1]) == {"-", " "}
+    assert [line.split()[:3] for line in lines[2:]] == [
+        ["digits", "3", method] for method in methods
+    ]
+    assert len({len(line) for line in lines}) == 1  # aligned columns
+    for markup in ("**", "``", ".. ", "{", "Runs per machine"):
+        assert markup not in out
+    assert not any(work.iterdir()) and not any(scratch.glob("skassoc-bench-*"))
+    assert {p.name for p in ROOT.iterdir()} == repository
+    assert {p.name for p in RESULTS.iterdir()} == results_before
+
+
+def test_bench_defaults_verbose_and_resumed_runs(
+    bench, tmp_path, capsys, torch_single_thread
+):
+    """-v reports each run on stderr; the table shows the runs asked for,
+    not every run of the file."""
+    script = bench("bench_defaults")
+    path = tmp_path / "runs" / "wine.json"
+    argv = ["--device=cpu", "--only", "wine", "--labels", "3"]
+    argv += ["--methods", "mlp-labeled", f"--json={path}"]
+    results = script.main([*argv, "--draws=2", "-v"])
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        script.progress_line(run) for run in results["runs"]
+    ] + [f"results {path}, table {path.with_suffix('.rst')}"]
+    assert out == script.summary(results["runs"]) + "\n"
+    assert path.with_suffix(".rst").is_file()
+    script.main([*argv, "--draws=1"])  # resumed: nothing to fit
+    out, err = capsys.readouterr()
+    assert err == "" and out == script.summary(results["runs"][:1]) + "\n"
+    median, worst = out.splitlines()[2].split()[3:5]
+    assert median == worst == f"{100 * results['runs'][0]['accuracy']:.1f}"
+
+
+@pytest.mark.parametrize(
+    "argv", [["--json=r.json"], ["--table=r.rst"], ["--render-only"]]
+)
+def test_bench_defaults_no_save_refuses_file_options(bench, capsys, argv):
+    with pytest.raises(SystemExit):
+        bench("bench_defaults").parse_args(["--device=cpu", "--no-save", *argv])
+    assert "--no-save runs in a temporary folder" in capsys.readouterr().err
+
+
+def test_bench_defaults_only_refuses_unknown_data_sets(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench("bench_defaults").parse_args(["--device=cpu", "--only", "digit"])
+    assert "invalid choice: 'digit'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("page", ["README.rst", "docs/getting_started.rst"])
+def test_the_first_command_of_the_docs_writes_no_file_in_the_checkout(bench, page):
+    line = next(
+        line
+        for line in (ROOT / page).read_text().splitlines()
+        if "benchmarks/bench_defaults.py" in line
+    )
+    argv = shlex.split(line.split("benchmarks/bench_defaults.py", 1)[1])
+    args = bench("bench_defaults").parse_args(argv)
+    assert args.no_save or not Path(args.json).resolve().is_relative_to(ROOT)
+
+
+def test_label_spreading_baseline_is_quiet_where_no_label_reaches(bench):
+    """A test sample among unlabeled neighbours only: LabelSpreading's NaN
+    probabilities and first class, without the warning of 0/0."""
+    script = bench("bench_defaults")
+    X = np.array([[0.0], [0.1], [1.0], [1.1], [50.0], [50.1], [50.2]])
+    y = np.array([0, 0, 1, 1, -1, -1, -1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = script.QuietLabelSpreading(kernel="knn", n_neighbors=2).fit(X, y)
+        proba = model.predict_proba([[50.05], [0.05]])
+        predicted = model.predict([[50.05]])
+    assert np.isnan(proba[0]).all() and np.isfinite(proba[1]).all()
+    assert predicted.tolist() == [model.classes_[0]]
+
+
+def test_label_spreading_baseline_fits_and_scores_without_warnings(bench):
+    """The grid point that neither converges in max_iter nor reaches every
+    test sample, on digits: the same accuracy as LabelSpreading's, quietly."""
+    script = bench("bench_defaults")
+    X, X_test, y, y_test = script.load("digits", "cpu")
+    y_semi = script.draw_labels(y, 5, 0)
+    grid_point = {"n_neighbors": 5, "alpha": 0.8}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = script.fit_method("label-spreading", X, y_semi, "cpu", 0, grid_point, y)
+        accuracy = model.score(X_test, y_test)
+    spreading = model[-1]
+    assert spreading.n_iter_ == spreading.max_iter  # did not converge
+    assert np.isnan(model.predict_proba(X_test)).any()  # unreached samples
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = make_pipeline(*model[:-1], LabelSpreading(**spreading.get_params()))
+        assert plain.fit(X, y_semi).score(X_test, y_test) == accuracy
+
+
+def test_bench_defaults_hides_only_the_labeled_baselines_warning(bench, monkeypatch):
+    """skassoc-labeled fits without unlabeled samples on purpose; any other
+    warning of a fit still shows."""
+    script = bench("bench_defaults")
+
+    def fit(model, X, y):
+        message = "y holds no unlabeled samples (no label is -1)"
+        warnings.warn(message, UserWarning, stacklevel=2)
+        warnings.warn("something else went wrong", UserWarning, stacklevel=2)
+        return model
+
+    monkeypatch.setattr(script.SemiSupervisedAssociationClassifier, "fit", fit)
+    X, y_semi = np.zeros((4, 2)), np.array([0, -1, -1, 1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        script.fit_method("skassoc-labeled", X, y_semi, "cpu", 0, None, y_semi)
+    assert [str(w.message) for w in caught] == ["something else went wrong"]
 
 
 def test_bench_speed_smoke(bench, tmp_path, capsys, torch_single_thread, monkeypatch):
