@@ -1,7 +1,7 @@
 """skassoc: semi-supervised learning by association for scikit-learn."""
 
 from ._classifier import SemiSupervisedAssociationClassifier
-from ._persistence import convert_model_file
+from ._io._legacy import convert_model_file
 from ._recipes import RECIPES, recipe_params
 from ._version import __version__
 

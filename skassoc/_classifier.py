@@ -43,8 +43,9 @@ from ._inputs import (
     unlabeled_mask,
     validate_training_inputs,
 )
+from ._io._limits import MAX_WEIGHT, MAX_WIDTH
+from ._io._model_file import load_model, save_model
 from ._model import build_model, check_custom_module, placed, probe_embedder
-from ._persistence import MAX_WEIGHT, MAX_WIDTH, load_model, save_model
 from ._prior import (
     apply_class_prior,
     estimate_class_prior,

@@ -5,14 +5,11 @@ probabilities of :meth:`~skassoc.SemiSupervisedAssociationClassifier.predict_pro
 so that ONNX Runtime and other ONNX backends can serve the model.
 """
 
-import contextlib
 import copy
 import importlib.util
 import json
 import numbers
 import os
-import secrets
-import stat
 import tempfile
 import warnings
 from inspect import signature
@@ -26,6 +23,7 @@ from torch import nn
 from ._classifier import SemiSupervisedAssociationClassifier
 from ._fitted import get_fitted_state
 from ._image_format import format_settings
+from ._io._atomic import check_target, write_atomically
 from .model_selection import StackedGridSearchCV
 
 __all__ = ["export_onnx"]
@@ -151,26 +149,6 @@ def _check_names(input_name, output_name):
         )
 
 
-def _check_target(path):
-    """Refuse a target that is not a regular file (a link is replaced, not
-    followed), before anything is exported or opened."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(
-            f"Cannot write {path!r}: its folder {folder!r} does not exist."
-        )
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        raise ValueError(
-            f"{path!r} exists and is not a regular file (a directory, FIFO or "
-            "device); export_onnx writes only over regular files. Choose "
-            "another path."
-        )
-
-
 def _check_opset(model, opset_version):
     """Refuse a graph of another opset than the one asked for: the exporters
     may fall back to their own when they cannot convert, with only a log line."""
@@ -204,26 +182,6 @@ def _add_classes(graph, classes):
 
     classes = json.dumps(classes.tolist(), default=str)
     onnx.helper.set_model_props(graph, {"classes": classes})
-
-
-def _write_atomically(path, data):
-    """Write ``data`` to a fresh file beside ``path``, then rename it over
-    ``path``: a reader sees the old file or the complete new one, never part
-    of one, and a link at ``path`` is replaced rather than written through."""
-    folder, name = os.path.split(os.path.abspath(path))
-    # Beside the target: os.replace is atomic only within one file system;
-    # "x" mode never clobbers another writer's file.
-    tmp_path = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(tmp_path, "xb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_path)
-        raise
 
 
 def export_onnx(
@@ -308,7 +266,9 @@ def export_onnx(
     The file is written whole or not at all: the graph and its ``classes``
     are written to a temporary file beside ``path`` that is then renamed
     over it, so that a reader never sees a partial file, and an error or a
-    crash leaves an existing file as it was.
+    crash leaves an existing file as it was. The temporary file of an export
+    that crashed is removed by the next export to the same path (on Windows
+    it stays, named ``<path>.<random>.skassoc-tmp``), as for model files.
 
     Examples
     --------
@@ -339,7 +299,8 @@ def export_onnx(
     if opset_version is not None:
         check_scalar(opset_version, "opset_version", numbers.Integral, min_val=1)
     path_name = os.fsdecode(path)
-    _check_target(path_name)
+    # Refused before the export, which takes a while, rather than after it.
+    check_target(path_name, "ONNX files")
     dynamo = _uses_dynamo_exporter()
     _check_packages(dynamo)
     _check_exportable(estimator, dynamo)
@@ -361,5 +322,6 @@ def export_onnx(
         ) from error
     _check_opset(graph, opset_version)
     _add_classes(graph, state.classes)
-    _write_atomically(path_name, graph.SerializeToString())
+    data = graph.SerializeToString()
+    write_atomically(path_name, lambda handle: handle.write(data), "ONNX files")
     return path

@@ -20,8 +20,8 @@ from skassoc import (
 )
 from skassoc._batches import make_batches
 from skassoc._inputs import HELD_OUT, UNLABELED, validate_training_inputs
+from skassoc._io._format import METADATA_MEMBER, WEIGHTS_MEMBER
 from skassoc._losses import LOG_EPSILON, visit_loss
-from skassoc._persistence import METADATA_MEMBER, WEIGHTS_MEMBER
 from skassoc._prior import (
     apply_class_prior,
     estimate_class_prior,

@@ -31,15 +31,10 @@ from skassoc import (
     convert_model_file,
     recipe_params,
 )
+from skassoc._io._format import METADATA_MEMBER, WEIGHTS_MEMBER
+from skassoc._io._limits import MAX_BATCH, MAX_HEADER_BYTES, MAX_STEPS
+from skassoc._io._refit_cost import refit_cost_problem
 from skassoc._model import ModelSpec
-from skassoc._persistence import (
-    MAX_BATCH,
-    MAX_HEADER_BYTES,
-    MAX_STEPS,
-    METADATA_MEMBER,
-    WEIGHTS_MEMBER,
-    _refit_cost_problem,
-)
 from skassoc._settings import step_memory_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,7 +197,7 @@ def test_unknown_parameters_are_refused(saved, tmp_path, name):
 
 
 def test_every_estimator_parameter_has_a_file_rule():
-    from skassoc._persistence import NEVER_FROM_FILE, SAFE_PARAMS
+    from skassoc._io._limits import NEVER_FROM_FILE, SAFE_PARAMS
 
     names = set(SemiSupervisedAssociationClassifier().get_params())
     assert names == set(SAFE_PARAMS) | set(NEVER_FROM_FILE)
@@ -472,8 +467,15 @@ def test_save_refuses_to_replace_what_is_not_a_regular_file(saved, tmp_path, kin
         os.mkfifo(target)
     else:
         target.mkdir()
-    with pytest.raises(ValueError, match="not a regular file"):
+    with pytest.raises(ValueError, match="not a regular file.*model files are"):
         clf.save(target)
+
+
+def test_save_into_a_missing_folder_names_the_folder(saved, tmp_path):
+    # The folder, not the temporary file beside the target that save opens.
+    target = tmp_path / "no such folder" / "model.skassoc"
+    with pytest.raises(FileNotFoundError, match="its folder .* does not exist"):
+        saved[0].save(target)
 
 
 def test_save_replaces_a_symlink_and_leaves_its_target(saved, tmp_path):
@@ -804,7 +806,7 @@ def test_the_recipes_are_within_the_budget(name):
         spec = _image_spec("svhn", (3, 32, 32))
     else:
         spec = _image_spec("mnist", (1, 28, 28))
-    assert _refit_cost_problem(params, spec) is None
+    assert refit_cost_problem(params, spec) is None
 
 
 @pytest.mark.parametrize(
@@ -823,7 +825,7 @@ def test_the_defaults_are_within_the_budget(network, shape, n_classes):
         )
     else:
         spec = _image_spec(network, shape, n_classes)
-    assert _refit_cost_problem({}, spec) is None
+    assert refit_cost_problem({}, spec) is None
 
 
 def test_the_step_estimate_counts_the_labeled_square():

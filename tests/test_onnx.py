@@ -18,6 +18,11 @@ from skassoc import SemiSupervisedAssociationClassifier
 from skassoc import export as export_module
 from skassoc.export import export_onnx
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 if export_module._uses_dynamo_exporter():
@@ -272,7 +277,7 @@ def test_a_target_that_is_not_a_regular_file_is_refused(
 ):
     path = tmp_path / "model.onnx"
     _make_special_file(path, kind)
-    with pytest.raises(ValueError, match="is not a regular file"):
+    with pytest.raises(ValueError, match="is not a regular file.*ONNX files are"):
         export_onnx(tiny_clf, path)
     assert os.path.exists(path) and not os.path.isfile(path)
 
@@ -293,6 +298,22 @@ def test_a_failed_export_leaves_the_old_file_whole(tiny_clf, tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
     monkeypatch.undo()
     export_onnx(tiny_clf, path)
+    assert _classes_of(path) == [0, 1, 2]
+
+
+@pytest.mark.skipif(fcntl is None, reason="needs POSIX file locks")
+def test_a_crashed_exports_temporary_is_removed_and_a_live_one_kept(tiny_clf, tmp_path):
+    # As save does: a temporary file nobody holds a lock on belongs to an
+    # export that died; one that is locked is another export's, still running.
+    path = tmp_path / "model.onnx"
+    stale = tmp_path / "model.onnx.0123456789ab.skassoc-tmp"
+    stale.write_bytes(b"half an export")
+    live = tmp_path / "model.onnx.ba9876543210.skassoc-tmp"
+    with open(live, "wb") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        export_onnx(tiny_clf, path)
+        assert not stale.exists()
+        assert live.exists()
     assert _classes_of(path) == [0, 1, 2]
 
 

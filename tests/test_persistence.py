@@ -19,9 +19,10 @@ from sklearn.exceptions import NotFittedError
 from torch import nn
 
 import skassoc
-import skassoc._persistence
+import skassoc._io._limits
+import skassoc._io._model_file
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._persistence import (
+from skassoc._io._format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     LEGACY_WEIGHTS_MEMBER,
@@ -124,13 +125,13 @@ def test_round_trip_mlp(fitted_mlp, saved, digits):
 
 def test_default_device_is_auto(saved, monkeypatch):
     asked = []
-    resolve = skassoc._persistence.resolve_device
+    resolve = skassoc._io._model_file.resolve_device
 
     def record(device):
         asked.append(device)
         return resolve(device)
 
-    monkeypatch.setattr(skassoc._persistence, "resolve_device", record)
+    monkeypatch.setattr(skassoc._io._model_file, "resolve_device", record)
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert load_model(saved).device_.type == expected
     assert asked == ["auto"]
@@ -831,7 +832,7 @@ def test_labels_over_the_length_limit_are_refused_before_writing(
     fitted_mlp, tmp_path, kind
 ):
     clf = copy.deepcopy(fitted_mlp)
-    labels = [f"{i}" + "x" * skassoc._persistence.MAX_LABEL_CHARS for i in range(10)]
+    labels = [f"{i}" + "x" * skassoc._io._limits.MAX_LABEL_CHARS for i in range(10)]
     clf.classes_ = np.array(labels, dtype=object if kind == "object" else str)
     path = tmp_path / "long.skassoc"
     with pytest.raises(ValueError, match="Cannot save classes_.*1024 characters"):

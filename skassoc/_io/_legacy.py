@@ -1,4 +1,4 @@
-"""Read the weights of model files of formats 1 and 2 without unpickling them.
+"""Model files of formats 1 and 2: read without unpickling, converted once.
 
 Those files stored the network's weights with :func:`torch.save`: a zip
 archive whose ``data.pkl`` is a pickle of a dict of tensors, the tensors'
@@ -11,18 +11,43 @@ else (another global, a view with an offset or strides, a storage shared by
 two tensors, a member that is compressed or of the wrong size) is refused.
 :func:`read_records` returns what each tensor claims to be, so that the
 caller can match it against the network before :func:`read_tensors` reads
-a byte of its data.
+a byte of its data; :func:`convert_model_file` does so, and writes the
+file again in today's format.
 """
 
+import hashlib
 import io
 import math
 import pickletools
 import zipfile
 from dataclasses import dataclass
 
+import safetensors.torch
 import torch
 
-__all__ = ["LegacyWeightsError", "TensorRecord", "read_records", "read_tensors"]
+from .._prior import uniform_prior
+from .._version import __version__
+from ._archive import read_archive, write_archive
+from ._format import FORMAT_VERSION, LEGACY_WEIGHTS_MEMBER, InvalidModelFile
+from ._limits import NEVER_FROM_FILE
+from ._metadata import (
+    check_checksum,
+    check_format,
+    decode_classes,
+    decode_spec,
+    field,
+    metadata_bytes,
+)
+from ._model_file import as_path, decode_file
+from ._weights import check_weights_fit, expected_weights
+
+__all__ = [
+    "convert_model_file",
+    "LegacyWeightsError",
+    "TensorRecord",
+    "read_records",
+    "read_tensors",
+]
 
 #: The pickle of a state dict takes about 300 bytes a tensor.
 MAX_PICKLE_BYTES = 2**20
@@ -82,6 +107,98 @@ class _Global:
 
 
 _EMPTY_HOOKS = object()  # torch.save's empty OrderedDict of backward hooks
+
+
+# ------------------------------------------------------------- converting
+
+
+def convert_model_file(source, destination):
+    """Convert a model file of format 1 or 2 to today's format, without pickle.
+
+    Files of formats 1 and 2, written by earlier versions of skassoc,
+    stored the network's weights with :func:`torch.save`, whose reader
+    unpickles; :meth:`~skassoc.SemiSupervisedAssociationClassifier.load`
+    refuses them. This reads their weights without unpickling: the pickle's
+    opcodes are decoded, never executed, and only a plain dict of
+    contiguous float32 and int64 tensors is accepted, each tensor matched
+    against the network the file describes before its bytes are read. The
+    converted file is checked as ``load`` checks it before it is written;
+    ``compile`` and ``device``, which ``load`` never takes from a file, are
+    left out of it.
+
+    Parameters
+    ----------
+    source : str, bytes or os.PathLike
+        A model file of format 1 or 2.
+    destination : str, bytes or os.PathLike
+        Where to write the converted file (``source`` itself replaces it).
+
+    Raises
+    ------
+    ValueError
+        If ``source`` is not a valid model file of format 1 or 2 (already
+        converted, tampered with), or its parameters are beyond today's
+        limits of model files.
+
+    See Also
+    --------
+    SemiSupervisedAssociationClassifier.load : Load the converted file.
+
+    Notes
+    -----
+    Read more in the :ref:`User Guide <user_guide_persistence>`.
+    """
+    source, destination = as_path(source), as_path(destination)
+    try:
+        metadata, weights_member, legacy = read_archive(source)
+        version = check_format(metadata, source, weights_member)
+        if version == FORMAT_VERSION:
+            raise ValueError(
+                f"{source!r} is already of format {FORMAT_VERSION}: there is "
+                "nothing to convert; load it."
+            )
+        metadata, weights = _converted(metadata, legacy, version)
+        decode_file(metadata, weights, torch.device("cpu"))
+    except InvalidModelFile as exc:
+        raise ValueError(
+            f"{source!r} is not a valid skassoc model file: {exc}"
+        ) from None
+    write_archive(destination, metadata_bytes(metadata), weights)
+
+
+def _converted(metadata, legacy, version):
+    """The metadata and safetensors weights of format 3 for an older file."""
+    check_checksum(metadata, legacy, LEGACY_WEIGHTS_MEMBER)
+    classes = decode_classes(field(metadata, "classes", dict))
+    spec = decode_spec(field(metadata, "network", dict), len(classes))
+    try:
+        records = read_records(legacy)
+        present = {key: (record.shape, record.dtype) for key, record in records.items()}
+        check_weights_fit(expected_weights(spec), present)
+        weights = safetensors.torch.save(read_tensors(legacy, records))
+    except LegacyWeightsError as exc:
+        raise InvalidModelFile(f"{LEGACY_WEIGHTS_MEMBER}: {exc}") from None
+    params = {
+        name: value
+        for name, value in field(metadata, "params", dict).items()
+        if name not in NEVER_FROM_FILE
+    }
+    if version == 1:
+        # Written before class_prior existed: it predicted with equal ones.
+        params.setdefault("class_prior", "uniform")
+        metadata["class_prior"] = uniform_prior(len(classes)).tolist()
+    metadata.update(
+        format_version=FORMAT_VERSION,
+        skassoc_version=__version__,
+        torch_version=str(torch.__version__),
+        params=params,
+        output_config={},
+        weights_sha256=hashlib.sha256(weights).hexdigest(),
+    )
+    return metadata, weights
+
+
+# ------------------------------------------------------- reading the pickle
 
 
 def read_records(data):

@@ -1,0 +1,161 @@
+"""The zip container of a model file: written whole, read back within bounds.
+
+Reading trusts nothing the archive says: it must start at the file's first
+byte and end at its last, hold exactly the known members, and each member
+is read no further than the size it may have.
+"""
+
+import json
+import os
+import stat
+import struct
+import zipfile
+import zlib
+
+from ._atomic import write_atomically
+from ._format import (
+    LEGACY_WEIGHTS_MEMBER,
+    METADATA_MEMBER,
+    WEIGHTS_MEMBER,
+    InvalidModelFile,
+)
+from ._limits import MAX_METADATA_BYTES, MAX_METADATA_RATIO
+
+__all__ = ["write_archive", "read_archive"]
+
+# End of central directory record of a zip without comment: 22 bytes.
+_END_RECORD = struct.Struct("<4s4H2LH")
+
+
+def write_archive(path, metadata, weights):
+    """Write a model file of ``metadata`` and ``weights`` (bytes) atomically.
+
+    Parameters
+    ----------
+    path : str
+        Where to write it; see :func:`~skassoc._io._atomic.write_atomically`.
+    metadata : bytes
+        The content of ``metadata.json``.
+    weights : bytes
+        The content of ``weights.safetensors``.
+    """
+
+    def write(handle):
+        with zipfile.ZipFile(handle, "w") as archive:
+            archive.writestr(
+                METADATA_MEMBER, metadata, compress_type=zipfile.ZIP_DEFLATED
+            )
+            # Stored, not deflated: float weights barely compress, stored
+            # members read back at disk speed, and load can require it (no
+            # decompression bomb can hide there).
+            archive.writestr(WEIGHTS_MEMBER, weights, compress_type=zipfile.ZIP_STORED)
+
+    write_atomically(path, write, "model files")
+
+
+def read_archive(path):
+    """The metadata (parsed), the weights member's name and its bytes."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise InvalidModelFile(f"cannot read it: {exc}") from None
+    if not stat.S_ISREG(mode):
+        raise InvalidModelFile("it is not a regular file.")
+    with open(path, "rb") as handle:
+        _check_zip_bounds(handle)
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                weights_member = _weights_member(archive)
+                raw_metadata = _read_member(archive, METADATA_MEMBER)
+                weights = _read_member(archive, weights_member)
+        except InvalidModelFile:
+            raise
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError) as exc:
+            raise InvalidModelFile(
+                f"it is not a complete zip archive (truncated or corrupted): {exc}"
+            ) from None
+        except (NotImplementedError, RuntimeError, ValueError, OSError) as exc:
+            # Unsupported compression or encrypted members: not written by us.
+            raise InvalidModelFile(f"unreadable zip archive: {exc}") from None
+    try:
+        metadata = json.loads(raw_metadata.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and UnicodeDecodeError; deep
+        # nesting in a crafted file raises RecursionError.
+        raise InvalidModelFile(f"{METADATA_MEMBER} is not valid JSON: {exc}") from None
+    if not isinstance(metadata, dict):
+        raise InvalidModelFile(f"{METADATA_MEMBER} is not a JSON object.")
+    return metadata, weights_member, weights
+
+
+def _check_zip_bounds(handle):
+    """The archive must start at the file's first byte and end at its last.
+
+    A zip reader finds its directory from the end, so bytes before the
+    archive (a pickle, say: a polyglot file) or after it would go unseen.
+    """
+    size = handle.seek(0, os.SEEK_END)
+    handle.seek(0)
+    head = handle.read(4)
+    if head != b"PK\x03\x04":
+        raise InvalidModelFile("it does not start with a zip archive.")
+    if size < _END_RECORD.size:
+        raise InvalidModelFile("it is too short to be a zip archive.")
+    handle.seek(size - _END_RECORD.size)
+    record = _END_RECORD.unpack(handle.read(_END_RECORD.size))
+    signature, comment_length = record[0], record[-1]
+    if signature != b"PK\x05\x06" or comment_length != 0:
+        raise InvalidModelFile(
+            "it does not end with the zip archive's directory (data appended, "
+            "or an archive comment)."
+        )
+    handle.seek(0)
+
+
+def _weights_member(archive):
+    """The name of the weights member, after checks of the archive's members."""
+    names = archive.namelist()
+    allowed = {METADATA_MEMBER, WEIGHTS_MEMBER, LEGACY_WEIGHTS_MEMBER}
+    unknown = sorted(set(names) - allowed)
+    if unknown:
+        raise InvalidModelFile(f"the archive holds unknown members {unknown[:3]}.")
+    for name in set(names):
+        if names.count(name) > 1:
+            raise InvalidModelFile(f"the archive holds {name} twice.")
+    if METADATA_MEMBER not in names:
+        raise InvalidModelFile(f"the archive has no {METADATA_MEMBER}.")
+    weights = [name for name in names if name != METADATA_MEMBER]
+    if len(weights) != 1:
+        raise InvalidModelFile(
+            f"the archive has no {WEIGHTS_MEMBER}"
+            if not weights
+            else f"the archive holds both {weights[0]} and {weights[1]}."
+        )
+    return weights[0]
+
+
+def _read_member(archive, member):
+    """One member's bytes, after checks of its place and sizes."""
+    info = archive.getinfo(member)
+    if info.header_offset < 0 or info.flag_bits & 0x1:
+        raise InvalidModelFile(f"{member} is encrypted or misplaced.")
+    if member != METADATA_MEMBER:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise InvalidModelFile(f"{member} is compressed; it is always stored.")
+        limit = info.compress_size
+    else:
+        limit = min(MAX_METADATA_BYTES, MAX_METADATA_RATIO * info.compress_size + 2**16)
+    if info.file_size > limit:
+        raise InvalidModelFile(
+            f"{member} declares {info.file_size} bytes, more than the "
+            f"{limit} it may hold."
+        )
+    # read() checks each member's CRC-32; the bound keeps a member that lies
+    # about its size from inflating further.
+    with archive.open(info) as stream:
+        data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise InvalidModelFile(f"{member} inflates beyond {limit} bytes.")
+    return data

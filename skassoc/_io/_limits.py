@@ -1,0 +1,220 @@
+"""The limits of a model file: what it may describe and ask of a refit.
+
+Each bound below is one row of the user guide's table of model file limits,
+which gives its reason; ``SAFE_PARAMS`` holds the hyperparameters a file may
+set, each with the domain of values it may take. ``load_model`` refuses a
+file beyond them and ``save_model`` refuses to write one.
+"""
+
+import math
+from numbers import Real
+
+from .._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
+from .._batches import UNLABELED_POOLS
+from .._networks import NETWORKS
+from .._sampling import UNLABELED_SAMPLINGS
+from .._training import LR_SCHEDULES
+from .._utils import is_integer
+
+__all__ = [
+    "SAFE_PARAMS",
+    "NEVER_FROM_FILE",
+    "CLASS_VALUE_CHECKS",
+    "one_of",
+    "int_in",
+    "float_in",
+    "sizes",
+    "is_class_prior",
+]
+
+# metadata.json holds a few KiB of settings and a loss history of about a
+# hundred entries per curve; deflated JSON shrinks by a factor of about ten.
+MAX_METADATA_BYTES = 4 * 2**20
+MAX_METADATA_RATIO = 50
+# The safetensors header of a built-in network takes about 100 bytes a
+# tensor, and the largest has about 60 tensors.
+MAX_HEADER_BYTES = 2**20
+# Limits on what a file may describe or ask the next fit to use; the user
+# guide's table of model file limits gives each one's reason.
+MAX_WIDTH = 2**16  # embedding, hidden layers, image sides, classes
+MAX_LAYERS = 64
+MAX_STEPS = 10**5
+MAX_BATCH = 2**16
+MAX_PREDICT_BATCH = 2**14
+MAX_STEP_BYTES = 16 * 2**30
+MAX_FIT_MACS = 3 * 10**16
+MAX_WEIGHT = 1e6  # loss weights, L2 scales
+MAX_LABEL_CHARS = 1024
+# Values of the tensors a file may lack (buffers older files did not have).
+MAX_DEFAULTED_VALUES = 1024
+
+#: The label types of ``classes_`` (by dtype kind), each with its check.
+CLASS_VALUE_CHECKS = {
+    "b": lambda v: isinstance(v, bool),
+    "i": is_integer,
+    "u": is_integer,
+    "f": lambda v: isinstance(v, float),
+    "U": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
+    "O": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
+}
+# Parameters a file never sets: they reach a compiler or the hardware.
+NEVER_FROM_FILE = ("compile", "device")
+
+
+# ------------------------------------------------------- parameter domains
+
+
+def one_of(*values):
+    """A check that a value is one of ``values``, of the same type."""
+
+    def check(value):
+        return any(value == v and type(value) is type(v) for v in values)
+
+    return check
+
+
+def int_in(low, high, *also):
+    """A check for an integer in ``[low, high]``, or one of ``also``."""
+
+    def check(value):
+        return (is_integer(value) and low <= value <= high) or one_of(*also)(value)
+
+    return check
+
+
+def float_in(low, high, *also, low_open=False):
+    """A check for a finite real number in ``[low, high]``, or one of ``also``."""
+
+    def check(value):
+        if one_of(*also)(value):
+            return True
+        if not isinstance(value, Real) or isinstance(value, bool):
+            return False
+        try:
+            number = float(value)
+        except OverflowError:  # a JSON integer beyond float64
+            return False
+        return (
+            math.isfinite(number)
+            and (low < number if low_open else low <= number)
+            and number <= high
+        )
+
+    return check
+
+
+def sizes(min_len, max_len, low=1, high=MAX_WIDTH, allow_none=False):
+    """A check for a list of ``min_len`` to ``max_len`` integers in bounds."""
+
+    def check(value):
+        if value is None:
+            return allow_none
+        return (
+            isinstance(value, list)
+            and min_len <= len(value) <= max_len
+            and all(int_in(low, high)(v) for v in value)
+        )
+
+    return check
+
+
+def _image_size(value):
+    return value is None or int_in(1, MAX_WIDTH)(value) or sizes(2, 2)(value)
+
+
+def _augmentation(value):
+    if value is None or value in ("auto", "paper"):
+        return True
+    if not isinstance(value, dict):
+        return False
+    keys = FEATURE_NOISE if "feature_noise" in value else PAPER_AUGMENTATION
+    if set(value) - set(keys):
+        return False
+    bounded = float_in(0, 100)
+    return all(
+        isinstance(item, bool)
+        if key == "unlabeled"
+        else (key == "feature_noise" and isinstance(item, str) and item == "auto")
+        or bounded(item)
+        for key, item in value.items()
+    )
+
+
+def _class_weight(value):
+    """None, "balanced", or a dict stored as ``[[label, weight], ...]``."""
+    if value is None or value == "balanced":
+        return True
+
+    def is_label(key):
+        if isinstance(key, str):
+            return len(key) <= MAX_LABEL_CHARS
+        return is_integer(key) or float_in(-math.inf, math.inf)(key)
+
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_WIDTH
+        and all(
+            isinstance(pair, list)
+            and len(pair) == 2
+            and not isinstance(pair[0], bool)
+            and is_label(pair[0])
+            and float_in(0, MAX_WEIGHT)(pair[1])
+            for pair in value
+        )
+    )
+
+
+def is_class_prior(value):
+    """ "auto", "uniform", or one positive, finite frequency per class."""
+    if value in ("auto", "uniform"):
+        return True
+    positive = float_in(0, math.inf, low_open=True)
+    return (
+        isinstance(value, list)
+        and 2 <= len(value) <= MAX_WIDTH
+        and all(positive(item) for item in value)
+    )
+
+
+#: The hyperparameters a file may set, each with the values it may take.
+SAFE_PARAMS = {
+    "network": one_of("auto", *NETWORKS),
+    "input_shape": sizes(2, 3, allow_none=True),
+    "image_size": _image_size,
+    "image_channels": one_of(None, 1, 3),
+    "embedding_dim": int_in(1, MAX_WIDTH),
+    "hidden_layer_sizes": sizes(0, MAX_LAYERS),
+    "labeled_per_class": int_in(1, MAX_BATCH, "auto"),
+    "unlabeled_batch_size": int_in(1, MAX_BATCH, "auto"),
+    "unlabeled_sampling": one_of(*UNLABELED_SAMPLINGS),
+    "max_iter": int_in(1, MAX_STEPS, "auto"),
+    "learning_rate": float_in(0, 10, low_open=True),
+    "lr_decay": float_in(0, 1, low_open=True),
+    "lr_decay_steps": int_in(1, MAX_STEPS, "auto"),
+    "lr_schedule": one_of(*LR_SCHEDULES),
+    "lr_warmup_steps": int_in(0, MAX_STEPS),
+    "walker_weight": float_in(0, MAX_WEIGHT),
+    "visit_weight": float_in(0, MAX_WEIGHT),
+    "logit_weight": float_in(0, MAX_WEIGHT),
+    "association_delay": int_in(0, MAX_STEPS),
+    "association_ramp_steps": int_in(0, MAX_STEPS),
+    "l2_scale": float_in(0, MAX_WEIGHT, "auto"),
+    "augmentation": _augmentation,
+    "consistency_weight": float_in(0, MAX_WEIGHT, "auto"),
+    "balance_weight": float_in(0, MAX_WEIGHT),
+    "ema_decay": float_in(0, 1, None),
+    "precision": one_of("auto", "fp32", "tf32", "bf16"),
+    "cuda_graph": one_of(True, False, "auto"),
+    "predict_batch_size": int_in(1, MAX_PREDICT_BATCH, "auto"),
+    "random_state": int_in(0, 2**32 - 1, None),
+    "verbose": int_in(0, 100, True, False),
+    "warm_start": one_of(True, False),
+    "validation_interval": int_in(1, MAX_STEPS),
+    "unlabeled_pool": one_of(*UNLABELED_POOLS),
+    "early_stopping": one_of(True, False),
+    "validation_fraction": lambda v: float_in(0, 1, low_open=True)(v) and v < 1,
+    "n_iter_no_change": int_in(1, MAX_STEPS),
+    "tol": float_in(0, MAX_WEIGHT),
+    "class_weight": _class_weight,
+    "class_prior": is_class_prior,
+}

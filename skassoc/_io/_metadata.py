@@ -1,0 +1,424 @@
+"""The fields of ``metadata.json``: encoded from a fitted estimator, checked on load.
+
+Encoding refuses what decoding would refuse, so that ``save`` never writes a
+file that ``load`` cannot read; decoding takes nothing from a file without
+checking it against its domain (see ``_limits``).
+"""
+
+import hashlib
+import json
+import math
+import warnings
+from numbers import Real
+
+import numpy as np
+import torch
+
+from .._model import ModelSpec
+from .._networks import NETWORKS
+from .._prior import check_class_prior
+from .._utils import is_integer, user_stacklevel
+from .._version import __version__
+from ._format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    LEGACY_WEIGHTS_MEMBER,
+    METADATA_MEMBER,
+    WEIGHTS_MEMBER,
+    InvalidModelFile,
+)
+from ._limits import (
+    CLASS_VALUE_CHECKS,
+    MAX_LABEL_CHARS,
+    MAX_LAYERS,
+    MAX_WIDTH,
+    NEVER_FROM_FILE,
+    SAFE_PARAMS,
+    int_in,
+    is_class_prior,
+    one_of,
+    sizes,
+)
+
+__all__ = [
+    "OUTPUT_CONTAINERS",
+    "encode_metadata",
+    "encode_params",
+    "metadata_bytes",
+    "check_format",
+    "check_checksum",
+    "field",
+    "decode_params",
+    "decode_output_config",
+    "decode_spec",
+    "decode_classes",
+    "decode_class_prior",
+    "decode_history",
+]
+
+# The containers of set_output(transform=...) that a file may ask for.
+OUTPUT_CONTAINERS = ("default", "pandas", "polars")
+# Parameters stored as JSON lists that the estimator takes as tuples.
+_TUPLE_PARAMS = ("input_shape", "image_size", "hidden_layer_sizes")
+
+
+# ----------------------------------------------------------------- encoding
+
+
+def encode_metadata(estimator, state, spec, params, weights):
+    """The content of ``metadata.json`` for a fitted estimator.
+
+    Parameters
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        The fitted estimator (for its output configuration).
+    state : FittedState
+        Its fitted state.
+    spec : ModelSpec
+        The description of its network.
+    params : dict
+        Its parameters, as :func:`encode_params` encodes them.
+    weights : bytes
+        The content of ``weights.safetensors``.
+
+    Returns
+    -------
+    metadata : dict
+    """
+    names = state.feature_names_in
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "skassoc_version": __version__,
+        "torch_version": str(torch.__version__),
+        "params": params,
+        "output_config": _encode_output_config(estimator),
+        "network": _encode_spec(spec),
+        "classes": _encode_classes(state.classes),
+        "class_prior": _encode_class_prior(state.class_prior, len(state.classes)),
+        "feature_names_in": None if names is None else [str(n) for n in names],
+        "n_iter": int(state.n_iter),
+        "history": {
+            str(key): _to_json(list(values)) for key, values in state.history.items()
+        },
+        "weights_sha256": hashlib.sha256(weights).hexdigest(),
+    }
+
+
+def metadata_bytes(metadata):
+    """``metadata`` as the bytes of ``metadata.json``."""
+    # allow_nan: a loss history may hold NaN; Python's json reads it back.
+    return json.dumps(metadata, indent=2, allow_nan=True).encode("utf-8")
+
+
+def _encode_output_config(estimator):
+    """The ``set_output`` container of ``transform``, if one was set."""
+    config = getattr(estimator, "_sklearn_output_config", {})
+    if "transform" not in config:
+        return {}
+    container = config["transform"]
+    if container not in OUTPUT_CONTAINERS:
+        raise ValueError(
+            f"Cannot save set_output(transform={container!r}): a model file "
+            f"holds one of {list(OUTPUT_CONTAINERS)}."
+        )
+    return {"transform": container}
+
+
+def _encode_class_prior(class_prior, n_classes):
+    """The fitted frequencies as a list; ValueError if load would refuse them."""
+    encoded = [float(value) for value in np.ravel(class_prior)]
+    if len(encoded) != n_classes or not is_class_prior(encoded):
+        raise ValueError(
+            f"Cannot save class_prior_={encoded[:10]}: a model file holds one "
+            f"positive, finite frequency for each of the {n_classes} classes."
+        )
+    return encoded
+
+
+def encode_params(params):
+    """JSON-ready parameters (without those a file never sets)."""
+    encoded = {}
+    for name, value in params.items():
+        if name in NEVER_FROM_FILE:
+            continue
+        if name == "class_weight" and isinstance(value, dict):
+            # JSON keys are strings; the labels keep their type as pairs.
+            value = [[key, weight] for key, weight in value.items()]
+        if name == "class_prior" and isinstance(value, torch.Tensor):
+            # fit reads the values; a tensor that requires grad has them too.
+            value = value.detach().cpu().numpy()
+        if name == "class_prior" and not isinstance(value, (str, list)):
+            value = np.asarray(value).tolist()  # an array or a pandas Series
+        try:
+            encoded[name] = _to_json(value)
+        except TypeError:
+            hint = (
+                " Use an int or None for random_state (a RandomState instance "
+                "cannot be saved)."
+                if name == "random_state"
+                else ""
+            )
+            raise ValueError(
+                f"Cannot save parameter {name}={value!r}: a model file stores "
+                "parameters as JSON, which holds only None, booleans, numbers, "
+                f"strings, and lists and string-keyed dicts of them.{hint}"
+            ) from None
+        # load refuses values outside these domains: a file with one could
+        # never be loaded, so it is not written.
+        if not SAFE_PARAMS[name](encoded[name]):
+            raise ValueError(
+                f"Cannot save parameter {name}={value!r}: it is outside the "
+                "values a model file may hold (load would refuse the file). "
+                "Pickle the estimator instead (trusted files only)."
+            )
+    return encoded
+
+
+def _to_json(value):
+    """``value`` as plain JSON types; TypeError if it has no JSON form."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if is_integer(value):
+        return int(value)
+    if isinstance(value, Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_to_json(item) for item in value]
+    # A settings dict, such as ``augmentation={"unlabeled": False}``.
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _to_json(item) for key, item in value.items()}
+    raise TypeError(type(value).__name__)
+
+
+def _encode_spec(spec):
+    """The network's description, as JSON."""
+    return {
+        "name": spec.network,
+        "input_shape": _to_json(spec.input_shape),
+        "n_features": int(spec.n_features),
+        "embedding_dim": int(spec.embedding_dim),
+        "hidden_layer_sizes": _to_json(spec.hidden_layer_sizes),
+        "image_size": _to_json(spec.image_size),
+        "image_channels": _to_json(spec.image_channels),
+    }
+
+
+def _encode_classes(classes):
+    """``classes_`` as its dtype and values; ValueError if load would refuse them."""
+    classes = np.asarray(classes)
+    kind = classes.dtype.kind
+    if classes.ndim != 1 or kind not in CLASS_VALUE_CHECKS:
+        raise ValueError(_unsupported_classes(classes))
+    if kind not in "UO":
+        # .tolist() gives Python bools, ints, floats: exact in JSON (floats
+        # are written with repr, which round-trips).
+        return {"dtype": classes.dtype.str, "values": classes.tolist()}
+    if not all(isinstance(label, str) for label in classes):
+        raise ValueError(_unsupported_classes(classes))
+    values = [str(label) for label in classes]
+    longest = max(values, key=len)
+    if len(longest) > MAX_LABEL_CHARS:
+        raise ValueError(
+            f"Cannot save classes_ with a label of {len(longest)} characters "
+            f"({longest[:40]!r}...): a model file holds labels of up to "
+            f"{MAX_LABEL_CHARS} characters (load refuses longer ones, which "
+            "bounds the memory a file's labels may take). Map the labels to "
+            "shorter ones, or to integers, before fitting."
+        )
+    # The width of a "<U2000" array holding short labels is not kept: load
+    # bounds it, and the labels need only the width of the longest.
+    dtype = np.asarray(values).dtype if kind == "U" else classes.dtype
+    return {"dtype": dtype.str, "values": values}
+
+
+def _unsupported_classes(classes):
+    return (
+        f"Cannot save classes_ of dtype {classes.dtype} "
+        f"({classes[:5].tolist()!r}...): a model file stores labels as JSON, "
+        "so they must be booleans, integers, floats or strings."
+    )
+
+
+# ----------------------------------------------------------------- decoding
+
+
+def check_format(metadata, path, weights_member):
+    """The file's format version, once its name, version and weights agree."""
+    if metadata.get("format") != FORMAT_NAME:
+        raise InvalidModelFile(
+            f"its format is {str(metadata.get('format'))[:40]!r}, not {FORMAT_NAME!r}."
+        )
+    version = metadata.get("format_version")
+    if not is_integer(version) or version < 1:
+        raise InvalidModelFile(f"bad format_version {str(version)[:40]!r}.")
+    if version > FORMAT_VERSION:
+        # A readable file from the future: not a corrupt one, so say so.
+        raise ValueError(
+            f"{path!r} uses skassoc model format version {version}, written by "
+            f"skassoc {str(metadata.get('skassoc_version', '?'))[:40]}; this "
+            f"skassoc ({__version__}) reads format versions up to "
+            f"{FORMAT_VERSION}. Upgrade skassoc to load it."
+        )
+    expected = WEIGHTS_MEMBER if version == FORMAT_VERSION else LEGACY_WEIGHTS_MEMBER
+    if weights_member != expected:
+        raise InvalidModelFile(
+            f"format version {version} keeps its weights in {expected}, not "
+            f"{weights_member}."
+        )
+    return version
+
+
+def decode_params(params):
+    """The parameters a file may set, each checked against its domain."""
+    decoded = {}
+    ignored = []
+    for name, value in params.items():
+        if name in NEVER_FROM_FILE:
+            ignored.append(name)
+            continue
+        check = SAFE_PARAMS.get(name)
+        if check is None:
+            raise InvalidModelFile(f"unknown parameter {name[:40]!r}.")
+        if not check(value):
+            raise InvalidModelFile(
+                f"parameter {name} = {str(value)[:60]} is outside the values a "
+                "model file may set."
+            )
+        if name == "class_weight" and isinstance(value, list):
+            value = {key: weight for key, weight in value}
+        decoded[name] = (
+            tuple(value) if name in _TUPLE_PARAMS and isinstance(value, list) else value
+        )
+    if ignored:
+        warnings.warn(
+            f"The model file sets {', '.join(ignored)}, which model files may "
+            "not configure: compile stays off and device is load's argument. "
+            "Set them with set_params if you trust them.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+    return decoded
+
+
+def decode_output_config(config):
+    """``set_output``'s arguments from the file: {} or one known container."""
+    valid = isinstance(config, dict) and (
+        config == {}
+        or (list(config) == ["transform"] and config["transform"] in OUTPUT_CONTAINERS)
+    )
+    if not valid:
+        raise InvalidModelFile(
+            f"bad output_config {str(config)[:60]} (set_output's transform "
+            f"container, one of {list(OUTPUT_CONTAINERS)}, or nothing)."
+        )
+    return dict(config)
+
+
+def check_checksum(metadata, weights, member):
+    """Refuse weights whose SHA-256 is not the one of the metadata."""
+    expected = field(metadata, "weights_sha256", str)
+    if hashlib.sha256(weights).hexdigest() != expected:
+        raise InvalidModelFile(
+            f"the SHA-256 of {member} does not match the one in "
+            f"{METADATA_MEMBER}; the file was corrupted or altered."
+        )
+
+
+def decode_spec(entry, n_classes):
+    """The network's description, checked against the limits."""
+    name = field(entry, "name", str)
+    if name not in NETWORKS:
+        raise InvalidModelFile(f"unknown network {name[:40]!r}.")
+    shape = entry.get("input_shape")
+    if not sizes(3, 3, allow_none=True)(shape):
+        raise InvalidModelFile(f"bad input_shape {str(shape)[:60]}.")
+    n_features = field(entry, "n_features", int)
+    if not 1 <= n_features <= MAX_WIDTH**2:
+        raise InvalidModelFile(f"n_features {n_features} is out of bounds.")
+    if shape is not None and math.prod(shape) != n_features:
+        raise InvalidModelFile(
+            f"input_shape {shape} does not hold n_features={n_features} values."
+        )
+    hidden = entry.get("hidden_layer_sizes")
+    image_size = entry.get("image_size")
+    channels = entry.get("image_channels")
+    checks = {
+        "embedding_dim": int_in(1, MAX_WIDTH)(entry.get("embedding_dim")),
+        "hidden_layer_sizes": sizes(0, MAX_LAYERS)(hidden),
+        "image_size": sizes(2, 2, allow_none=True)(image_size),
+        "image_channels": one_of(None, 1, 3)(channels),
+        "image options": shape is not None or (image_size, channels) == (None, None),
+        "channel conversion": channels is None
+        or (shape is not None and shape[0] in (1, 3)),
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if bad:
+        raise InvalidModelFile(f"bad network description ({', '.join(bad)}).")
+    return ModelSpec(
+        network=name,
+        input_shape=None if shape is None else tuple(shape),
+        n_features=n_features,
+        n_classes=n_classes,
+        embedding_dim=entry["embedding_dim"],
+        hidden_layer_sizes=tuple(hidden),
+        image_size=None if image_size is None else tuple(image_size),
+        image_channels=channels,
+    )
+
+
+def field(mapping, key, kind):
+    """``mapping[key]``, refused unless of type ``kind``."""
+    value = mapping.get(key)
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        raise InvalidModelFile(f"metadata field {key!r} is missing or malformed.")
+    return value
+
+
+def decode_classes(entry):
+    """``classes_``, refused unless its values fit a bounded dtype."""
+    values = field(entry, "values", list)
+    try:
+        dtype = np.dtype(field(entry, "dtype", str))
+    except TypeError as exc:
+        raise InvalidModelFile(f"bad classes dtype: {exc}") from None
+    if dtype.kind not in CLASS_VALUE_CHECKS or dtype.fields is not None:
+        raise InvalidModelFile(f"unsupported classes dtype {dtype}.")
+    if dtype.itemsize > 4 * MAX_LABEL_CHARS:
+        raise InvalidModelFile(f"classes dtype {dtype} is implausibly wide.")
+    if not 2 <= len(values) <= MAX_WIDTH or not all(
+        CLASS_VALUE_CHECKS[dtype.kind](value) for value in values
+    ):
+        raise InvalidModelFile(f"bad classes values for dtype {dtype}.")
+    try:
+        classes = np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidModelFile(f"bad classes values: {exc}") from None
+    # A too-short string dtype would silently truncate labels.
+    if classes.tolist() != values or len(np.unique(classes)) != len(classes):
+        raise InvalidModelFile(f"classes do not fit their dtype {dtype}.")
+    return classes
+
+
+def decode_class_prior(metadata, n_classes):
+    """The fitted class frequencies."""
+    prior = field(metadata, "class_prior", list)
+    if not is_class_prior(prior):
+        raise InvalidModelFile("class_prior is malformed.")
+    try:
+        return check_class_prior(prior, n_classes)
+    except ValueError as exc:
+        raise InvalidModelFile(str(exc)) from None
+
+
+def decode_history(history):
+    """The training history: lists of numbers."""
+    for key, values in history.items():
+        if not isinstance(values, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
+            raise InvalidModelFile(f"bad history entry {key[:40]!r}.")
+    return {key: list(values) for key, values in history.items()}

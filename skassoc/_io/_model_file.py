@@ -1,0 +1,218 @@
+"""Save a fitted estimator to a model file, and load it back, without pickle.
+
+The format is described in ``_format``; this module puts the other parts
+together: the metadata, the weights and the archive.
+"""
+
+import os
+
+import numpy as np
+
+from .._device import resolve_device
+from .._fitted import FittedState, get_fitted_state, set_fitted_state
+from .._model import placed, spec_of_model
+from .._networks import NETWORKS
+from ._archive import read_archive, write_archive
+from ._format import FORMAT_VERSION, WEIGHTS_MEMBER, InvalidModelFile
+from ._metadata import (
+    check_checksum,
+    check_format,
+    decode_class_prior,
+    decode_classes,
+    decode_history,
+    decode_output_config,
+    decode_params,
+    decode_spec,
+    encode_metadata,
+    encode_params,
+    field,
+    metadata_bytes,
+)
+from ._refit_cost import refit_cost_problem
+from ._weights import (
+    build_loaded,
+    check_weights_fit,
+    expected_weights,
+    read_weights,
+    safetensors_header,
+    weights_bytes,
+)
+
+__all__ = ["save_model", "load_model", "as_path", "decode_file"]
+
+
+# ----------------------------------------------------------------- saving
+
+
+def save_model(estimator, path):
+    """Save a fitted estimator to one file, without pickle.
+
+    Parameters
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        A fitted estimator with a built-in network.
+    path : str, bytes or os.PathLike
+        Where to write the model (see the estimator's ``save``).
+
+    Raises
+    ------
+    sklearn.exceptions.NotFittedError
+        If the estimator is not fitted.
+    ValueError
+        If the estimator uses a custom network, a parameter or the labels
+        cannot be stored as JSON, a parameter (or their refit cost) is
+        outside the values that :func:`load_model` accepts, or ``path`` is
+        not a regular file. Nothing is written then.
+    """
+    path = as_path(path)
+    state = get_fitted_state(estimator)
+    _check_builtin(state.network)
+    spec = spec_of_model(
+        state.model, state.network, state.input_shape, state.n_features_in
+    )
+    params = encode_params(estimator.get_params(deep=False))
+    _check_savable_cost(params, spec)
+    weights = weights_bytes(state.model)
+    metadata = encode_metadata(estimator, state, spec, params, weights)
+    write_archive(path, metadata_bytes(metadata), weights)
+
+
+def _check_builtin(network):
+    if network not in NETWORKS:
+        raise ValueError(
+            "save can only save estimators with a built-in network "
+            f"({sorted(NETWORKS)}); this one uses a custom torch.nn.Module, "
+            "whose code a model file cannot hold without pickle. Pickle it "
+            "(trusted files only), or save the weights with "
+            "torch.save(estimator.model_.state_dict(), path); to load them, fit "
+            "an estimator with the same network for max_iter=1 on data of the "
+            "same shape and classes, then call estimator.model_.load_state_dict("
+            "torch.load(path, weights_only=True))."
+        )
+
+
+def _check_savable_cost(params, spec):
+    problem = refit_cost_problem(params, spec)
+    if problem is not None:
+        raise ValueError(
+            f"Cannot save these parameters: {problem}, which is more than a "
+            "model file may ask a refit for (load would refuse the file). "
+            "The fitted model does not need them: lower max_iter or the "
+            "batch sizes with set_params before saving, and set them again "
+            "after loading."
+        )
+
+
+def as_path(path):
+    """``path`` as a str; a clear TypeError for what is not a path."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"path must be a str, bytes or os.PathLike file name; got "
+            f"{type(path).__name__}. (File objects are not supported: the "
+            "model is written under a temporary name and renamed.)"
+        )
+    return os.fsdecode(os.fspath(path))
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_model(estimator_class, path, *, device="auto"):
+    """Read a model file written by :func:`save_model`.
+
+    Parameters
+    ----------
+    estimator_class : type
+        The estimator to build (``SemiSupervisedAssociationClassifier``).
+    path : str, bytes or os.PathLike
+        The model file.
+    device : str or torch.device, default="auto"
+        Where to place the model.
+
+    Returns
+    -------
+    estimator : estimator_class
+        Fitted, with the file's parameters (``device`` is this function's)
+        and output configuration, the model on ``device``.
+
+    Raises
+    ------
+    ValueError
+        If the file is not a valid model file, asks for more than the
+        limits allow, was written by a newer skassoc, or is of format 1 or
+        2 (see :func:`~skassoc.convert_model_file`).
+    """
+    resolved = resolve_device(device)
+    name = as_path(path)
+    try:
+        metadata, weights_member, weights = read_archive(name)
+        version = check_format(metadata, name, weights_member)
+        if version < FORMAT_VERSION:
+            raise ValueError(_legacy_advice(name, metadata, version))
+        params, state, output = decode_file(metadata, weights, resolved)
+    except InvalidModelFile as exc:
+        raise ValueError(f"{name!r} is not a valid skassoc model file: {exc}") from None
+    estimator = estimator_class(**params, device=device)
+    set_fitted_state(estimator, state)
+    if output:
+        estimator.set_output(**output)
+    return estimator
+
+
+def _legacy_advice(path, metadata, version):
+    return (
+        f"{path!r} is a skassoc model file of format version {version} "
+        f"(skassoc {str(metadata.get('skassoc_version', '?'))[:40]}), whose "
+        "weights are a torch pickle; this skassoc reads only format "
+        f"{FORMAT_VERSION}, which holds no pickle. Convert the file once with "
+        f"skassoc.convert_model_file({path!r}, new_path), which reads the old "
+        "weights without unpickling them and checks them as load does, or "
+        "fit the model again and save it."
+    )
+
+
+def decode_file(metadata, weights, device):
+    """The parameters, fitted state and output configuration of a file."""
+    params = decode_params(field(metadata, "params", dict))
+    output = decode_output_config(metadata.get("output_config"))
+    state = _decode_state(metadata, weights, device, params)
+    return params, state, output
+
+
+def _decode_state(metadata, weights, device, params):
+    """The fitted state of the file: its network, built only once checked."""
+    check_checksum(metadata, weights, WEIGHTS_MEMBER)
+    classes = decode_classes(field(metadata, "classes", dict))
+    spec = decode_spec(field(metadata, "network", dict), len(classes))
+    present = safetensors_header(weights)
+    check_weights_fit(expected_weights(spec), present)
+    problem = refit_cost_problem(params, spec)
+    if problem is not None:
+        raise InvalidModelFile(
+            f"its parameters ask a refit for more than a model file may: {problem}."
+        )
+    state_dict = read_weights(weights, present)
+    model = build_loaded(spec, state_dict)
+    names = metadata.get("feature_names_in")
+    if names is not None and (
+        not isinstance(names, list)
+        or len(names) != spec.n_features
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise InvalidModelFile("feature_names_in does not match n_features.")
+    n_iter = field(metadata, "n_iter", int)
+    if n_iter < 0:
+        raise InvalidModelFile("n_iter is negative.")
+    return FittedState(
+        model=placed(model, device, spec),
+        classes=classes,
+        class_prior=decode_class_prior(metadata, len(classes)),
+        input_shape=spec.input_shape,
+        network=spec.network,
+        n_features_in=spec.n_features,
+        # scikit-learn keeps feature names as an object array of str.
+        feature_names_in=None if names is None else np.asarray(names, dtype=object),
+        n_iter=n_iter,
+        history=decode_history(field(metadata, "history", dict)),
+        device=device,
+    )
