@@ -9,7 +9,6 @@ and ``runs`` (keyed ``part/setting/labels/draw``, each with its provenance).
 """
 
 import argparse
-import collections
 import contextlib
 import copy
 import dataclasses
@@ -548,11 +547,22 @@ def _save(results, args, render):
     return results
 
 
+def shown_path(path):
+    """``path`` as a message shows it: relative to the repository when inside
+    it, so that output and logs do not carry the machine's folders."""
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def write_table(args, text):
     """Print ``text`` and write it, with a final newline, to ``--table``."""
+    written = f"results {shown_path(args.json)}"
     if args.table:
         write_text(args.table, text + "\n")
-    print(f"{text}\n\nresults {args.json}, table {args.table}")
+        written += f", table {shown_path(args.table)}"
+    print(f"{text}\n\n{written}")
 
 
 def measure_main(args, measure, render):
@@ -561,7 +571,8 @@ def measure_main(args, measure, render):
     None, to ``--table``."""
     if args.render_only:
         if not Path(args.json).is_file():
-            raise SystemExit(f"error: --render-only needs the results {args.json}")
+            shown = shown_path(args.json)
+            raise SystemExit(f"error: --render-only needs the results {shown}")
         results = read_results(args.json)
     else:
         results = measure(args)
@@ -744,53 +755,15 @@ def table_cells(rows, runs):
     return cells
 
 
-def _trained_runs(runs):
-    """One record per training: a run shown under several keys counts once."""
-    unique = {}
-    for key, run in runs.items():
-        if run.get("status", "ok") == "ok":
-            unique.setdefault(run.get("signature") or key, run)
-    return list(unique.values())
-
-
-def run_devices(runs, meta):
-    """The devices the finished runs trained on, with how many runs each."""
-    devices = [r.get("device") for r in _trained_runs(runs)]
-    counts = collections.Counter(d for d in devices if d)
-    if len(counts) <= 1:
-        return next(iter(counts), meta.get("device", "?"))
-    listed = sorted(counts.items(), key=lambda item: -item[1])
-    return "runs on " + ", ".join(f"{name} ({n})" for name, n in listed)
-
-
-def git_revisions(meta, runs=None):
-    """Every revision behind the results: the file's, its shards', the runs'."""
-    revisions = [meta.get("git_revision")]
-    for shard in meta.get("shards", []):
-        revisions += git_revisions(shard)
-    revisions += [run.get("git_revision") for run in _trained_runs(runs or {})]
-    return list(dict.fromkeys(r for r in revisions if r and r != "?")) or ["?"]
-
-
-def env_line(env):
-    """One line of provenance from an :func:`environment` record."""
-    return (
-        f"{env.get('device')} | torch {env.get('torch')} | CUDA {env.get('cuda')} | "
-        f"scikit-learn {env.get('sklearn')} | skassoc {env.get('skassoc')} "
-        f"({env.get('git_revision')}) | {env.get('date')}"
-    )
-
-
 def render_parts(results, title, notes, parts):
-    """The rendered tables: a title, the provenance line, notes, one table per
-    part (``parts``: ``(part, heading, note, header, cells(rows, runs))``) and
-    the per-run table; the headings are rubrics, so that the file can be
-    included in the middle of a section."""
+    """The rendered tables: a title, notes, one table per part (``parts``:
+    ``(part, heading, note, header, cells(rows, runs))``) and the per-run
+    table; the headings are rubrics, so that the file can be included in the
+    middle of a section. The machines and revisions stay in the JSON (each
+    run has its own), which the docs' appendix tabulates: a header holding
+    them would change with every rerun and fill the pages with hashes."""
     runs, rows = results["runs"], results["rows"]
-    revisions = ", ".join(git_revisions(results["meta"], runs))
-    meta = {**results["meta"], "git_revision": revisions}
-    line = env_line({**meta, "device": run_devices(runs, results["meta"])})
-    out = [title, "=" * len(title), "", line, ""]
+    out = [f".. rubric:: {title}", ""]
     out += [f"- {note}" for note in notes] + [""]
     for part, heading, note, header, cells in parts:
         part_rows = [r for r in rows if r["part"] == part]

@@ -1,7 +1,7 @@
 """What a user gets with default parameters, against scikit-learn's methods.
 
-``docs/benchmarks.rst`` describes the methods and data sets. Runs are added to
-``benchmarks/results/defaults_<device>.json`` (or ``--json``; those there are
+``docs/benchmarks/defaults.rst`` describes the methods and data sets. Runs are
+added to ``benchmarks/results/defaults_<device>.json`` (or ``--json``; those there are
 skipped, so an interrupted suite resumes), and the docs' table is written
 beside it (or to ``--table``). The script prints a plain-text summary of the
 runs asked for and nothing else (``-v`` adds a line per run on stderr). The
@@ -520,8 +520,6 @@ def render(runs, device):
     """Every method's cells, the best median of a row in bold."""
     table = summarise(runs)
     grid = _grid(table, METHODS)
-    machines = Counter(run.get("machine", "?") for run in runs)
-    per_machine = ", ".join(f"{name}: {n}" for name, n in sorted(machines.items()))
     draws, other_draws = _draws_text(runs)
     variants = "".join(_variant_grid(table, device, v) for v in VARIANTS)
     return f"""\
@@ -532,9 +530,7 @@ parentheses) and median fit seconds, one torch thread; the best
 median of each row in bold. Made by ``python benchmarks/bench_defaults.py
 --device {device}``.{other_draws}
 
-{grid}{_behind_grid(runs, table)}{variants}
-
-Runs per machine (fit seconds compare within one machine only): {per_machine}."""
+{grid}{_behind_grid(runs, table)}{variants}"""
 
 
 def parse_args(argv=None):
@@ -601,7 +597,8 @@ def _main(args):
     device = file_device(args.json, results, named)
     h.write_text(args.table, render(results["runs"], device) + "\n")
     if args.verbose and not args.no_save:
-        print(f"results {args.json}, table {args.table}", file=sys.stderr)
+        json_path, table = h.shown_path(args.json), h.shown_path(args.table)
+        print(f"results {json_path}, table {table}", file=sys.stderr)
     print(summary(asked_runs(results["runs"], args), args.methods))
     return results
 

@@ -1,7 +1,8 @@
 """Domain adaptation by association between generated digit domains.
 
 Two pairs of domains made from MNIST, each fitted on the source only, adapted
-and on the target only; ``docs/benchmarks.rst`` says what the table measures::
+and on the target only; ``docs/benchmarks/domain_adaptation.rst`` says what
+the table measures::
 
     python benchmarks/bench_domain_adaptation.py --device cuda
     python benchmarks/bench_domain_adaptation.py --device cuda --render-only

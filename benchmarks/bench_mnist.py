@@ -1,8 +1,8 @@
 """Rerun the MNIST experiments of "Learning by Association" with skassoc.
 
 Haeusser, Mordvintsev, Cremers, CVPR 2017. :data:`CASES` are the rows of the
-tables in ``docs/benchmarks.rst``, whose notes say what they measure. Rerun
-(part of) them, skipping the runs the JSON holds; rebuild every table from
+tables in ``docs/benchmarks/mnist.rst``, whose notes say what they measure.
+Rerun (part of) them, skipping the runs the JSON holds; rebuild every table from
 ``benchmarks/results/mnist_cuda.json``; a quick check on a CPU::
 
     python benchmarks/bench_mnist.py --device cuda --only 'recipes/*'
@@ -397,7 +397,7 @@ def checkpoint_cells(rows, runs):
 
 
 #: Each part's heading (its table's columns: :data:`COLUMNS`); what each
-#: table shows is told beside it in docs/benchmarks.rst.
+#: table shows is told beside it in docs/benchmarks/mnist.rst.
 PARTS = {
     "table1": 'Table 1: MNIST test error (%), recipe "paper"',
     "visit": "Effect of the visit loss, MNIST 1000 labels",
@@ -422,7 +422,7 @@ def render(results):
     notes = [
         f"Test error (%) on {meta.get('n_eval', '?')} MNIST test images of the "
         "last checkpoint; medians over label draws; fit s: wall time of fit(). "
-        "docs/benchmarks.rst tells what each table shows."
+        "docs/benchmarks/mnist.rst tells what each table shows."
     ]
     if meta.get("max_iter_override"):
         notes.append(

@@ -1,7 +1,7 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
 Three sections (``--only SECTION``; the JSON keeps the others), described in
-``docs/benchmarks.rst``; the table shows section ``batch``::
+``docs/benchmarks/speed.rst``; the table shows section ``batch``::
 
     python benchmarks/bench_scale.py --device cuda
     python benchmarks/bench_scale.py --device cpu --only memmap \\
@@ -207,8 +207,7 @@ def render(results):
         ms = f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"]
         mib = f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a"
         cells.append([f"{r['unlabeled_batch_size']:,}", r["precision"], ms, mib])
-    env = h.env_line(results["batch"]["environment"])
-    return f"{env}\n\n{h.rst_table(header, cells)}"
+    return h.rst_table(header, cells)
 
 
 def parse_args(argv=None):

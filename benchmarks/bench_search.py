@@ -1,6 +1,6 @@
 """A loss-weight search of 8 candidates on one GPU: one after another vs stacked.
 
-``docs/benchmarks.rst`` says what the table measures::
+``docs/benchmarks/speed.rst`` says what the table measures::
 
     python benchmarks/bench_search.py --device cuda --steps 2000
     python benchmarks/bench_search.py --device cpu --steps 5 --train-subset 2000
@@ -133,8 +133,8 @@ def render_table(result):
         timing.append([f"stacked, {stacking}", *cells, share])
     timing_header = ["run", "wall s", "speed-up", "ceiling speed-up"]
     lines = [
-        f"Device: {result['environment']['device']}; {result['steps']} steps "
-        f"per candidate, precision {result['precision']}, seed {result['seed']}.",
+        f"{result['steps']} steps per candidate, precision {result['precision']}, "
+        f"seed {result['seed']}.",
         "",
         h.rst_table(header, rows, right=False),
         "",

@@ -1,8 +1,8 @@
 """Training and prediction speed of skassoc against a bare PyTorch loop.
 
-Parts, described in ``docs/benchmarks.rst``: (a) the bare loop, (b) skassoc's
-``fit()`` of the same steps, (c) complete fits (``--accuracy-steps``) and their
-test error, (d) ``predict`` throughput. A run writes
+Parts, described in ``docs/benchmarks/speed.rst``: (a) the bare loop, (b)
+skassoc's ``fit()`` of the same steps, (c) complete fits (``--accuracy-steps``)
+and their test error, (d) ``predict`` throughput. A run writes
 ``benchmarks/results/speed_<device>*.json`` (one file per precision,
 compilation and recipe of (c)); the table has a row per file::
 
@@ -216,7 +216,6 @@ def render(paths):
     header = ["Run", "Precision", "Compile", "skassoc ms/step", "steps/s"]
     header += ["Bare loop ms/step", "vs bare loop", "Marginal ms/step"]
     header += ["Predict images/s", "Complete fits (steps: fit s, error %)"]
-    header += ["Device", "torch", "Revision"]
     cells = []
     for path in paths:
         results = h.load_json(path)
@@ -240,8 +239,7 @@ def render(paths):
         cells[-1] += [f"{sk['ms_per_step']:.3g}", steps_per_s]
         cells[-1] += [f"{bare['ms_per_step']:.3g}", f"{ratio:.2f}x"]
         cells[-1] += [f"{1000 / marginal:.3g}" if marginal else "n/a", f"{rate:.0f}"]
-        cells[-1] += [fits or "n/a", meta["device"], meta["torch"]]
-        cells[-1] += [(meta.get("git_revision") or "?")[:7]]
+        cells[-1] += [fits or "n/a"]
     return h.rst_table(header, cells)
 
 

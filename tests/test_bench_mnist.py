@@ -121,9 +121,14 @@ def test_tiny_run_resumes_filters_and_renders(
     assert len(calls) == 5
 
     text = table.read_text()
-    assert text.startswith("Tiny\n====\n")
+    # Headings are rubrics (the file goes in the middle of a page's section),
+    # and where the runs were made stays in the JSON, out of the table.
+    assert text.startswith(".. rubric:: Tiny\n\n- a note\n")
     assert "fast again" in text and "visit2" in text
     assert "t/visit2/15/1" in text  # the per-run table
+    meta = results["meta"]
+    recorded = {meta["device"], meta["git_revision"][:7], meta["torch"]} - {"?"}
+    assert recorded and not any(value in text for value in recorded)
 
     # --render-only rebuilds the same table from the JSON alone, fitting
     # nothing and leaving the JSON as it is.

@@ -46,6 +46,7 @@ def bench(monkeypatch):
         ("bench_domain_adaptation", ["--device=cuda"], "domain_adaptation_cuda"),
         ("bench_defaults", ["--device=cpu"], "defaults_cpu"),
         ("bench_defaults", ["--device=cuda"], "defaults_cuda"),
+        ("bench_search", ["--device=cuda"], "search_cuda"),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
@@ -57,6 +58,55 @@ def test_render_only_reproduces_the_committed_table(
     assert out.read_bytes() == (RESULTS / f"{table}.rst").read_bytes()
     assert {p: p.read_bytes() for p in RESULTS.glob("*.json")} == json_before
     capsys.readouterr()
+
+
+#: Keys of the results files whose values say where and when runs were made.
+PROVENANCE_KEYS = {"git_revision", "device", "machine", "torch", "date", "started"}
+
+
+def _provenance(data):
+    """Every machine, revision, torch build and date that ``data`` records."""
+    if isinstance(data, list):
+        return set().union(*map(_provenance, data))
+    if not isinstance(data, dict):
+        return set()
+    found = set(data.get("machines") or {}) | set((data.get("machines") or {}).values())
+    for key, value in data.items():
+        if key in PROVENANCE_KEYS and isinstance(value, str):
+            found |= {value, value[:7]} if key == "git_revision" else {value}
+        else:
+            found |= _provenance(value)
+    # "cpu" and "cuda" name a kind of device, which a table may name too.
+    return found - {"cpu", "cuda", "?", ""}
+
+
+@pytest.mark.parametrize("table", sorted(RESULTS.glob("*.rst")), ids=lambda p: p.stem)
+def test_committed_tables_carry_no_provenance(table):
+    """Machines, revisions, torch builds and dates live in the JSON files
+    (and the docs' appendix table), never in the tables the pages show."""
+    text = table.read_text(encoding="utf-8")
+    sources = sorted(RESULTS.glob(f"{table.stem}*.json"))
+    assert sources, f"no results file for {table.name}"
+    recorded = set().union(*(_provenance(json.loads(p.read_text())) for p in sources))
+    assert any(len(value) >= 7 for value in recorded)  # the files do record it
+    for value in recorded:
+        assert not re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text), value
+    for marker in ("-dirty", "| torch", "Runs per machine", "Device:", "Revision"):
+        assert marker not in text
+
+
+def test_render_only_prints_paths_in_the_repository_relative(bench, tmp_path, capsys):
+    out = tmp_path / "search.rst"
+    bench("bench_search").main(["--device=cuda", "--render-only", f"--table={out}"])
+    printed = capsys.readouterr().out
+    assert printed.endswith(
+        f"results benchmarks/results/search_cuda.json, table {out}\n"
+    )
+    assert str(ROOT) not in printed
+    with pytest.raises(SystemExit, match=r"results benchmarks/results/x_cuda\.json$"):
+        bench("bench_search").main(
+            ["--render-only", f"--json={RESULTS / 'x_cuda.json'}", f"--table={out}"]
+        )
 
 
 def test_domain_adaptation_cases_would_resume_the_committed_runs(bench):
@@ -100,8 +150,11 @@ def test_bench_defaults_runs_resume_and_merge(bench, tmp_path, capsys):
     results = json.loads(merged.read_text())
     assert len(results["runs"]) == 4
     assert results["machines"].keys() == {resumed[0]["machine"], "other"}
+    machines = [r["machine"] for r in results["runs"]]
+    assert machines.count("other") == 1 and machines.count(resumed[0]["machine"]) == 3
+    # Which machine ran what is the JSON's (and the docs' appendix's).
     table = (tmp_path / "merged.rst").read_text()
-    assert "other: 1" in table and "label-spreading" in table
+    assert "label-spreading" in table and "machine" not in table
 
     changed = json.loads(second.read_text())
     changed["runs"][0].update(method="mlp-labeled", accuracy=-1.0)

@@ -1,18 +1,16 @@
 """Directives that put the benchmark results on the benchmark pages.
 
 ``.. results-excerpt:: path``
-    A part of a table file that a script in ``benchmarks/`` wrote: from the
-    text ``:from:`` (kept) or ``:after:`` (left out) up to ``:until:`` (left
-    out), so that a page shows one table under a heading of its own. The
-    build fails when a text is not found: the generator changed, and the page
-    must follow. ``:drop-columns:`` (names separated by commas) leaves out
-    the columns of those headers where a table has them: provenance such as
-    the machine or the revision belongs in the appendix's table, not in
-    every row.
+    A table file that a script in ``benchmarks/`` wrote, whole or a part of
+    it: from the text ``:from:`` (kept) or ``:after:`` (left out), else from
+    the start, up to ``:until:`` (left out), else to the end, so that a page
+    shows one table under a heading of its own. The build fails when the
+    file or a text is not found, or the part holds no table: the generator
+    changed, and the page must follow.
 ``.. results-provenance::``
     A table of where every results file's runs came from (machines, torch,
-    revisions, dates), read from ``benchmarks/results/*.json``, so that the
-    table headers need none of it.
+    revisions, dates), read from ``benchmarks/results/*.json``: the
+    generators keep all of it out of the table files.
 """
 
 import collections
@@ -32,25 +30,6 @@ _DEVICE_KINDS = {"cpu", "cuda", "mps", None}
 #: words wrap, so that a wide table fits the page.
 _FIGURES = re.compile(r"(?:n/a|[-+0-9.,%()/:;x* ]|(?<=\d)s)+")
 _FIGURES_MAX_CHARS = 20
-
-
-def _drop_columns(node, names):
-    """Remove the columns whose header text is in ``names`` from every table."""
-    for tgroup in node.findall(nodes.tgroup):
-        head = next(iter(tgroup.findall(nodes.thead)), None)
-        if head is None:
-            continue
-        headers = [entry.astext().strip() for entry in head.children[0].children]
-        drop = {i for i, header in enumerate(headers) if header in names}
-        if not drop:
-            continue
-        colspecs = [c for c in tgroup.children if isinstance(c, nodes.colspec)]
-        for i in sorted(drop, reverse=True):
-            tgroup.remove(colspecs[i])
-        for row in tgroup.findall(nodes.row):
-            for i in sorted(drop, reverse=True):
-                row.remove(row.children[i])
-        tgroup["cols"] = len(headers) - len(drop)
 
 
 def _mark_figures(node):
@@ -75,18 +54,20 @@ class ResultsExcerpt(SphinxDirective):
         "from": directives.unchanged_required,
         "after": directives.unchanged_required,
         "until": directives.unchanged_required,
-        "drop-columns": lambda text: {n.strip() for n in text.split(",") if n.strip()},
     }
 
     def run(self):
         relative, path = self.env.relfn2path(self.arguments[0])
         self.env.note_dependency(relative)
+        if not Path(path).is_file():
+            raise self.error(f"{self.arguments[0]} not found")
         text = Path(path).read_text(encoding="utf-8")
-        if ("from" in self.options) == ("after" in self.options):
-            raise self.error("give exactly one of :from: and :after:")
+        if "from" in self.options and "after" in self.options:
+            raise self.error("give one of :from: and :after:, not both")
+        start = 0
         if "from" in self.options:
             start = _find(text, self.options["from"], 0, self, ":from:")
-        else:
+        elif "after" in self.options:
             after = self.options["after"]
             start = _find(text, after, 0, self, ":after:") + len(after)
         end = len(text)
@@ -95,7 +76,8 @@ class ResultsExcerpt(SphinxDirective):
         lines = StringList(text[start:end].splitlines(), source=path)
         container = nodes.container()
         self.state.nested_parse(lines, 0, container)
-        _drop_columns(container, self.options.get("drop-columns", set()))
+        if not any(container.findall(nodes.table)):
+            raise self.error(f"no table in the part of {self.arguments[0]} shown")
         _mark_figures(container)
         return container.children
 
@@ -113,20 +95,41 @@ def _values(data, key):
             yield from _values(value, key)
 
 
-def _machines(data):
-    """The machines the runs trained on, most runs first, with run counts."""
-    runs = data.get("runs")
+def _trainings(runs):
+    """One record per training: a run that a file shows under several keys
+    (a row of two tables) carries one signature and counts once."""
     records = runs.values() if isinstance(runs, dict) else runs or []
+    unique = {}
+    for index, record in enumerate(records):
+        if record.get("status", "ok") == "ok":
+            unique.setdefault(record.get("signature") or index, record)
+    return unique.values()
+
+
+def _count(n, one, many):
+    return f"{n} {one if n == 1 else many}"
+
+
+def _machines(data):
+    """The machines the runs trained on, most runs first, with run counts
+    (or process counts, for a file joined from processes of its own)."""
     descriptions = data.get("machines") or {}
     counts = collections.Counter()
-    for record in records:
+    for record in _trainings(data.get("runs")):
         machine = record.get("machine") or record.get("device")
         if machine not in _DEVICE_KINDS:
             counts[machine] += 1
     if counts:
         return [
-            f"{descriptions.get(name, name)}: {n} runs"
+            f"{descriptions.get(name, name)}: {_count(n, 'run', 'runs')}"
             for name, n in counts.most_common()
+        ]
+    shards = (data.get("meta") or {}).get("shards") or []
+    processes = collections.Counter(s.get("device") for s in shards)
+    if processes and None not in processes:
+        return [
+            f"{name}: {_count(n, 'process', 'processes')}"
+            for name, n in processes.most_common()
         ]
     found = collections.Counter(
         value
