@@ -37,20 +37,20 @@ RECIPES = {
     # The paper's recipe plus the paper's random warp (affine noise 0.15,
     # shifts of standard deviation 2 pixels, blur with probability 0.5) of
     # the labeled batch only, the unlabeled batch left as it is, and visit
-    # weight 1.5. Chosen among the MNIST ablations of docs/benchmarks.rst,
+    # weight 1.5. Chosen among the MNIST ablations of docs/benchmarks/mnist.rst,
     # which also give its error and how often it fails.
     "improved": _IMPROVED,
     # Recipe "improved" plus the consistency loss (consistency_weight=1, not
     # in the paper): a warped copy of the unlabeled batch, whose walk back to
     # the labeled classes is trained toward that of the unwarped batch. Each
     # step embeds 1.5 times the images of "improved". Measured in
-    # docs/benchmarks.rst.
+    # docs/benchmarks/mnist.rst.
     "consistency": _CONSISTENCY,
     # Recipe "consistency" plus the balance loss (balance_weight=5, not in
     # the paper): the walks from the unlabeled batch must end in each class
     # as often as the class's share of the labels, which keeps a style of a
     # digit that no labeled sample shows from going to another class.
-    # Measured in docs/benchmarks.rst.
+    # Measured in docs/benchmarks/mnist.rst.
     "balanced": {**_CONSISTENCY, "balance_weight": 5.0},
     # Recipe "consistency" in ten times fewer, larger steps, for a GPU: 2,000
     # steps of 300 unlabeled samples, Adam at 2e-3 after a linear warm-up of
@@ -58,7 +58,7 @@ RECIPES = {
     # torch.compile (on a CPU, set compile=False: compiling there needs a C++
     # compiler and takes longer than the fit). Its time and error, those of
     # shorter runs, and why its learning rate is not higher are in
-    # docs/benchmarks.rst.
+    # docs/benchmarks/mnist.rst.
     "fast": {
         **{k: v for k, v in _CONSISTENCY.items() if k not in _STEP_SCHEDULE},
         "unlabeled_batch_size": 300,
