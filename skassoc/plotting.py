@@ -201,11 +201,13 @@ def plot_association_graph(
     >>> import numpy as np
     >>> from sklearn.datasets import load_digits
     >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> from skassoc.datasets import make_semi_supervised_labels
     >>> from skassoc.plotting import plot_association_graph
     >>> X, y = load_digits(return_X_y=True)
     >>> X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    >>> y_semi = make_semi_supervised_labels(y, 10, random_state=0)
     >>> clf = SemiSupervisedAssociationClassifier(max_iter=20, device="cpu",
-    ...                                           random_state=0).fit(X, y)
+    ...                                           random_state=0).fit(X, y_semi)
     >>> fig = plot_association_graph(clf, X[:10], y[:10], X[10:20])
     >>> len(fig.axes)
     1
@@ -404,11 +406,13 @@ def plot_nearest_neighbors(
     >>> import numpy as np
     >>> from sklearn.datasets import load_digits
     >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> from skassoc.datasets import make_semi_supervised_labels
     >>> from skassoc.plotting import plot_nearest_neighbors
     >>> X, y = load_digits(return_X_y=True)
     >>> X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    >>> y_semi = make_semi_supervised_labels(y, 10, random_state=0)
     >>> clf = SemiSupervisedAssociationClassifier(max_iter=20, device="cpu",
-    ...                                           random_state=0).fit(X, y)
+    ...                                           random_state=0).fit(X, y_semi)
     >>> fig = plot_nearest_neighbors(clf, X[:2], X[2:200], n_neighbors=3)
     >>> len(fig.axes)
     8

@@ -54,6 +54,17 @@ def fast_params():
 
 
 @pytest.fixture(scope="session")
+def labeled_params(fast_params):
+    """``fast_params`` for a ``y`` without ``-1``, such as ``blobs``.
+
+    ``unlabeled_pool="all"`` asks for the paper's "all labels" setting (the
+    unlabeled batch drawn from every sample), which such a ``y`` gets anyway,
+    without the warning that a ``y`` with no ``-1`` otherwise gives.
+    """
+    return types.MappingProxyType({**fast_params, "unlabeled_pool": "all"})
+
+
+@pytest.fixture(scope="session")
 def torch_single_thread():
     """Run torch on one thread for the tests that use this fixture.
 

@@ -175,7 +175,10 @@ def test_all_labels_setting(fast_params, digits_small):
         hidden_layer_sizes=(32,),
         embedding_dim=16,
         max_iter=100,
-    ).fit(X, y)
+    )
+    # The default unlabeled_pool warns: y may have lost its -1 on the way.
+    with pytest.warns(UserWarning, match="y holds no unlabeled samples"):
+        clf.fit(X, y)
     np.testing.assert_array_equal(clf.classes_, np.arange(10))
     assert clf.score(X, y) > 0.9
     walker = np.asarray(clf.history_["walker"])
@@ -187,9 +190,9 @@ def test_all_labels_setting(fast_params, digits_small):
 # -------------------------------------------------------------------- images
 
 
-def test_image_network_and_layouts(fast_params, digits_images):
+def test_image_network_and_layouts(labeled_params, digits_images):
     X, y = digits_images  # (n, 8, 8) uint8
-    params = {**fast_params, "network": "auto", "max_iter": 10}
+    params = {**labeled_params, "network": "auto", "max_iter": 10}
     clf = SemiSupervisedAssociationClassifier(**params).fit(X, y)
     # 8x8 images get the small-image network.
     assert clf.network_ == "small"
@@ -218,11 +221,11 @@ def test_image_network_and_layouts(fast_params, digits_images):
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
-def test_reversed_views_train_and_predict(fast_params, digits_images, dtype):
+def test_reversed_views_train_and_predict(labeled_params, digits_images, dtype):
     # Negative strides (X[::-1], np.flip) cannot become torch views.
     X, y = digits_images
     X = X.astype(dtype)
-    params = {**fast_params, "network": "mnist", "max_iter": 3}
+    params = {**labeled_params, "network": "mnist", "max_iter": 3}
     clf = SemiSupervisedAssociationClassifier(**params).fit(X[::-1], y[::-1])
     reference = SemiSupervisedAssociationClassifier(**params).fit(
         X[::-1].copy(), y[::-1].copy()
@@ -243,11 +246,11 @@ def _red_or_not(n, seed):
     return X, y
 
 
-def test_color_images(fast_params):
+def test_color_images(labeled_params):
     # Only the red channel tells the classes apart: a network that dropped
     # or mixed up the channels could not learn them.
     X, y = _red_or_not(40, seed=0)
-    clf = make_clf(fast_params, network="auto", learning_rate=1e-3, max_iter=30).fit(
+    clf = make_clf(labeled_params, network="auto", learning_rate=1e-3, max_iter=30).fit(
         X, y
     )
     assert clf.network_ == "small"
@@ -270,11 +273,11 @@ def test_color_images(fast_params):
         ((4, 4), "mlp", (1, 4, 4)),  # too small for the convolutions
     ],
 )
-def test_auto_network(fast_params, shape, expected_network, expected_input_shape):
+def test_auto_network(labeled_params, shape, expected_network, expected_input_shape):
     rng = np.random.RandomState(0)
     X = rng.rand(30, *shape) * 16
     y = np.arange(30) % 3
-    clf = make_clf(fast_params, network="auto", max_iter=3).fit(X, y)
+    clf = make_clf(labeled_params, network="auto", max_iter=3).fit(X, y)
     assert clf.network_ == expected_network
     assert clf.input_shape_ == expected_input_shape
     assert clf.predict(X).shape == (30,)
@@ -309,7 +312,7 @@ def test_custom_module_rows(fast_params, blobs, blobs_semi):
     assert not torch.equal(trained["0.weight"], before["0.weight"])
 
 
-def test_custom_module_images(fast_params, digits_images):
+def test_custom_module_images(labeled_params, digits_images):
     X, y = digits_images
     torch.manual_seed(0)
     module = torch.nn.Sequential(
@@ -318,7 +321,7 @@ def test_custom_module_images(fast_params, digits_images):
         torch.nn.Flatten(),
         torch.nn.Linear(4 * 6 * 6, 10),
     )
-    clf = make_clf(fast_params, network=module, max_iter=10).fit(X, y)
+    clf = make_clf(labeled_params, network=module, max_iter=10).fit(X, y)
     assert clf.network_ == "custom"
     assert clf.embedding_dim_ == 10
     assert clf.input_shape_ == (1, 8, 8)
@@ -646,7 +649,12 @@ def test_verbose_says_what_auto_chose(fast_params, blobs_semi, capsys):
     )
     images = np.zeros((40, 8, 8)), np.arange(40) % 2
     make_clf(
-        fast_params, verbose=1, max_iter=2, network="auto", augmentation="paper"
+        fast_params,
+        verbose=1,
+        max_iter=2,
+        network="auto",
+        augmentation="paper",
+        unlabeled_pool="all",
     ).fit(*images)
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith("skassoc: network small on cpu, 2 steps")
@@ -661,8 +669,10 @@ def test_the_bar_stays_and_verbose_2_adds_rate_and_validation(
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     # The bar is left on screen at the end: all steps, their time, the losses.
     assert "20/20" in last and "walker=" in last and "lr=" not in last
+    # A validation set of another length than X: one as long warns.
+    X_val, y_val = X[::2], np.where(y == -1, 0, y)[::2]
     make_clf(fast_params, verbose=2, max_iter=20, validation_interval=10).fit(
-        X, y, X_val=X, y_val=np.where(y == -1, 0, y)
+        X, y, X_val=X_val, y_val=y_val
     )
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert "20/20" in last and "lr=" in last and "val=" in last
@@ -719,10 +729,10 @@ def test_pipeline(fast_params, blobs, blobs_semi):
     assert pipe.transform(X).shape == (len(X), 8)
 
 
-def test_grid_search(fast_params, blobs):
+def test_grid_search(labeled_params, blobs):
     X, y = blobs
     grid = GridSearchCV(
-        make_clf(fast_params, max_iter=20),
+        make_clf(labeled_params, max_iter=20),
         {"walker_weight": [0.0, 1.0], "visit_weight": [0.0, 1.0]},
         cv=2,
         n_jobs=1,
@@ -739,9 +749,9 @@ def test_grid_search(fast_params, blobs):
     assert grid.predict(X).shape == (len(X),)
 
 
-def test_cross_val_score(fast_params, blobs):
+def test_cross_val_score(labeled_params, blobs):
     X, y = blobs
-    scores = cross_val_score(make_clf(fast_params, max_iter=40), X, y, cv=3)
+    scores = cross_val_score(make_clf(labeled_params, max_iter=40), X, y, cv=3)
     assert scores.shape == (3,)
     assert np.all((scores >= 0) & (scores <= 1))
     assert scores.mean() > 0.8

@@ -20,6 +20,7 @@ line right before the block's directive:
 Keep blocks fast: a few hundred steps at most, ``device="cpu"``.
 """
 
+import json
 import os
 import re
 import time
@@ -373,6 +374,32 @@ def test_benchmark_summary_is_the_first_page_and_short():
     toctree = text.split(".. toctree::")[1]
     for page in BENCHMARK_PAGES[1:]:
         assert page.removesuffix(".rst") in toctree
+
+
+def test_benchmark_appendix_counts_each_training_once(tmp_path, monkeypatch):
+    """A run shown in two tables is one training on one machine; a file
+    joined from processes says how many ran on each machine."""
+    pytest.importorskip("sphinx")
+    monkeypatch.syspath_prepend(str(DOCS / "_ext"))
+    from benchmark_tables import provenance_rows
+
+    run = {"status": "ok", "device": "GPU A", "git_revision": "0123456789abc-dirty"}
+    runs = {
+        "t/x/100/0": {**run, "signature": "s0"},
+        "u/x/100/0": {**run, "signature": "s0"},  # the same training
+        "t/x/100/1": {**run, "signature": "s1", "device": "GPU B"},
+        "t/x/100/2": {**run, "signature": "s2", "status": "error"},
+    }
+    (tmp_path / "a.json").write_text(json.dumps({"meta": {}, "runs": runs}))
+    shards = [{"device": "GPU A"}, {"device": "GPU B"}, {"device": "GPU B"}]
+    meta = {"device": "processes on GPU B (2), GPU A (1)", "shards": shards}
+    (tmp_path / "b.json").write_text(json.dumps({"meta": meta, "runs": {}}))
+    rows = provenance_rows(tmp_path)
+    assert [row[:2] for row in rows] == [
+        ["``a.json``", "GPU A: 1 run; GPU B: 1 run"],
+        ["``b.json``", "GPU B: 2 processes; GPU A: 1 process"],
+    ]
+    assert rows[0][3] == "0123456-dirty"
 
 
 # --------------------------------------------------------------------------

@@ -37,12 +37,12 @@ def paused_training(monkeypatch):
 
 
 def test_refit_changes_nothing_until_training_succeeds(
-    fast_params, blobs, paused_training, tmp_path
+    labeled_params, blobs, paused_training, tmp_path
 ):
     """Readers in other threads see the old model whole while a refit runs."""
     X, y = blobs
     frame = pd.DataFrame(X, columns=list("abcd"))
-    clf = make_clf(fast_params)
+    clf = make_clf(labeled_params)
     started, release = paused_training
     release.set()
     clf.fit(frame, y)
@@ -71,10 +71,10 @@ def test_refit_changes_nothing_until_training_succeeds(
 
 
 def test_interrupt_before_the_first_step_keeps_the_previous_model(
-    fast_params, blobs, monkeypatch
+    labeled_params, blobs, monkeypatch
 ):
     X, y = blobs
-    clf = make_clf(fast_params).fit(X, y)
+    clf = make_clf(labeled_params).fit(X, y)
     model, proba = clf.model_, clf.predict_proba(X)
 
     def interrupted(self):
@@ -87,9 +87,9 @@ def test_interrupt_before_the_first_step_keeps_the_previous_model(
     np.testing.assert_array_equal(clf.predict_proba(X), proba)
 
 
-def test_concurrent_fits_of_one_estimator_leave_it_whole(fast_params, blobs):
+def test_concurrent_fits_of_one_estimator_leave_it_whole(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=20)
+    clf = make_clf(labeled_params, max_iter=20)
     inputs = [(X, y), (np.hstack([X, X]), y), (X[:, :3], y)]
     errors = []
 
@@ -112,18 +112,22 @@ def test_concurrent_fits_of_one_estimator_leave_it_whole(fast_params, blobs):
 
 
 @pytest.mark.parametrize("method", ["predict", "predict_proba", "transform"])
-def test_a_bad_predict_batch_size_set_after_fit_is_refused(fast_params, blobs, method):
+def test_a_bad_predict_batch_size_set_after_fit_is_refused(
+    labeled_params, blobs, method
+):
     X, y = blobs
-    clf = make_clf(fast_params).fit(X, y)
+    clf = make_clf(labeled_params).fit(X, y)
     clf.set_params(predict_batch_size=-5)
     with pytest.raises(InvalidParameterError, match="predict_batch_size"):
         getattr(clf, method)(X)
 
 
-def test_predictions_never_touch_the_warning_filters(fast_params, blobs, monkeypatch):
+def test_predictions_never_touch_the_warning_filters(
+    labeled_params, blobs, monkeypatch
+):
     """warnings.catch_warnings swaps process-wide filters: not thread-safe."""
     X, y = blobs
-    clf = make_clf(fast_params).fit(X, y)
+    clf = make_clf(labeled_params).fit(X, y)
     read_only = X.copy()
     read_only.setflags(write=False)
     callers = []
@@ -142,29 +146,35 @@ def test_predictions_never_touch_the_warning_filters(fast_params, blobs, monkeyp
     assert shown == []
 
 
-def test_nan_probabilities_raise(fast_params, blobs):
+def test_nan_probabilities_raise(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params).fit(X, y)
+    clf = make_clf(labeled_params).fit(X, y)
     with torch.no_grad():
         clf.model_.logits.weight.fill_(float("nan"))
     with pytest.raises(ValueError, match="NaN"):
         clf.predict(X)
 
 
-def test_predict_proba_is_float64(fast_params, blobs):
+def test_predict_proba_is_float64(labeled_params, blobs):
     X, y = blobs
-    proba = make_clf(fast_params).fit(X, y).predict_proba(X)
+    proba = make_clf(labeled_params).fit(X, y).predict_proba(X)
     assert proba.dtype == np.float64
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
 
 
 class _Flat(torch.nn.Module):
+    """A linear map of 4 features to ``width`` outputs.
+
+    A bare weight, not a ``Linear``: torch warns when it initialises a Linear
+    with zero outputs.
+    """
+
     def __init__(self, width, dtype=torch.float32):
         super().__init__()
-        self.linear = torch.nn.Linear(4, width, dtype=dtype)
+        self.weight = torch.nn.Parameter(torch.randn(width, 4, dtype=dtype))
 
     def forward(self, x):
-        return self.linear(x)
+        return torch.nn.functional.linear(x, self.weight)
 
 
 @pytest.mark.parametrize(
@@ -190,9 +200,9 @@ def test_bad_custom_modules_get_clear_errors(fast_params, blobs, module, match):
     ],
     ids=["requires_grad", "bfloat16", "big_endian"],
 )
-def test_unusual_input_types_just_work(fast_params, blobs, convert):
+def test_unusual_input_types_just_work(labeled_params, blobs, convert):
     X, y = blobs
-    clf = make_clf(fast_params).fit(convert(X), y)
+    clf = make_clf(labeled_params).fit(convert(X), y)
     assert clf.predict(convert(X)).shape == (len(X),)
 
 
@@ -226,12 +236,12 @@ def test_sparse_input_is_refused_with_advice(fast_params, blobs):
         make_clf(fast_params).fit(sparse.csr_matrix(X), y)
 
 
-def test_unsigned_labels_that_wrapped_round_warn(fast_params, blobs):
+def test_unsigned_labels_that_wrapped_round_warn(labeled_params, blobs):
     X, y = blobs
     y_uint8 = y.astype(np.uint8)
     wrapped = np.where(np.arange(len(y)) % 3 == 0, y_uint8, np.uint8(255))
     with pytest.warns(UserWarning, match="-1 wrapped round"):
-        make_clf(fast_params).fit(X, wrapped)
+        make_clf(labeled_params).fit(X, wrapped)
 
 
 def test_a_step_too_large_for_memory_is_refused_before_training(

@@ -317,8 +317,8 @@ def test_balance_loss_with_a_running_mass_follows_it_not_the_batch():
     torch.testing.assert_close(mass, torch.tensor([0.505, 0.495]))
     # Its value is the divergence at the estimate, far below the batch's own.
     at_mass = float(balance_loss(mass[None], shares))
-    assert float(loss) == pytest.approx(at_mass, rel=1e-3)
-    assert float(loss) < 0.01 < float(balance_loss(batch.detach(), shares))
+    assert float(loss.detach()) == pytest.approx(at_mass, rel=1e-3)
+    assert float(loss.detach()) < 0.01 < float(balance_loss(batch.detach(), shares))
     # Its gradient is the divergence's at the estimate, through the batch
     # mean: -shares / mass / n_samples for every sample.
     loss.backward()

@@ -334,11 +334,11 @@ def test_missing_matplotlib_is_explained(images_fitted, monkeypatch):
         plot_association_graph(clf, X[:4], y[:4], X[4:8])
 
 
-def test_colour_images_become_rgb_thumbnails(fast_params, torch_single_thread):
+def test_colour_images_become_rgb_thumbnails(labeled_params, torch_single_thread):
     rng = np.random.RandomState(0)
     X = rng.randint(0, 256, size=(40, 3, 8, 8)).astype(np.uint8)
     y = np.repeat([0, 1], 20)
-    clf = SemiSupervisedAssociationClassifier(**{**fast_params, "max_iter": 2})
+    clf = SemiSupervisedAssociationClassifier(**{**labeled_params, "max_iter": 2})
     clf.fit(X, y)
 
     fig = plot_association_graph(clf, X[:4], y[:4], X[20:25])

@@ -467,33 +467,33 @@ def test_invalid_params(fast_params, blobs, no_training, param, value):
     assert not hasattr(clf, "n_features_in_")
 
 
-def test_predict_with_wrong_number_of_features(fast_params, blobs):
+def test_predict_with_wrong_number_of_features(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=3).fit(X, y)
+    clf = make_clf(labeled_params, max_iter=3).fit(X, y)
     with pytest.raises(ValueError, match="X has 5 features.*expecting 4 features"):
         clf.predict(np.hstack([X, X[:, :1]]))
     with pytest.raises(ValueError, match="X has 3 features"):
         clf.transform(X[:, :3])
 
 
-def test_predict_images_with_wrong_number_of_pixels(fast_params, digits_images):
+def test_predict_images_with_wrong_number_of_pixels(labeled_params, digits_images):
     X, y = digits_images
-    clf = make_clf(fast_params, network="auto", max_iter=2).fit(X, y)
+    clf = make_clf(labeled_params, network="auto", max_iter=2).fit(X, y)
     with pytest.raises(ValueError, match="81 features.*expecting 64"):
         clf.predict(np.zeros((3, 9, 9)))
 
 
 @pytest.mark.parametrize("shape", [(4, 16), (2, 8, 4), (64, 1, 1)])
-def test_predict_images_with_wrong_shape(fast_params, digits_images, shape):
+def test_predict_images_with_wrong_shape(labeled_params, digits_images, shape):
     X, y = digits_images
-    clf = make_clf(fast_params, network="auto", max_iter=2).fit(X, y)
+    clf = make_clf(labeled_params, network="auto", max_iter=2).fit(X, y)
     with pytest.raises(ValueError, match=r"shape.*\(1, 8, 8\)"):
         clf.predict(X.reshape(len(X), *shape))
 
 
-def test_predict_images_on_feature_model(fast_params, blobs):
+def test_predict_images_on_feature_model(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=2).fit(X, y)
+    clf = make_clf(labeled_params, max_iter=2).fit(X, y)
     with pytest.raises(ValueError, match="feature rows"):
         clf.predict(X.reshape(len(X), 2, 2))
 
@@ -506,18 +506,20 @@ def test_predict_before_fit(fast_params, blobs):
         make_clf(fast_params).predict(X)
 
 
-def test_features_constant_in_float32_warn(fast_params, blobs, tmp_path, write_memmap):
+def test_features_constant_in_float32_warn(
+    labeled_params, blobs, tmp_path, write_memmap
+):
     # An offset of 1e8 leaves float32 steps of 8: a spread of 0.1 vanishes.
     X, y = blobs
     X = np.array(X, dtype=np.float64)
     X[:, 2] = 1e8 + 0.1 * np.random.default_rng(0).normal(size=len(X))
     for data in (X, write_memmap(tmp_path / "x.npy", X)):
         with pytest.warns(UserWarning, match=r"1 feature\(s\) of X \(e.g. index 2\)"):
-            make_clf(fast_params, max_iter=2).fit(data, y)
+            make_clf(labeled_params, max_iter=2).fit(data, y)
     X[:, 2] -= 1e8
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*rounded to float32")
-        make_clf(fast_params, max_iter=2).fit(X, y)
+        make_clf(labeled_params, max_iter=2).fit(X, y)
 
 
 def test_small_class_warns_once(fast_params, blobs):
@@ -547,9 +549,9 @@ def test_small_class_warns_once(fast_params, blobs):
         ("strings", None, "string"),
     ],
 )
-def test_failed_refit_keeps_previous_fit(fast_params, blobs, bad_X, bad_y, match):
+def test_failed_refit_keeps_previous_fit(labeled_params, blobs, bad_X, bad_y, match):
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=20).fit(X, y)
+    clf = make_clf(labeled_params, max_iter=20).fit(X, y)
     before = fitted_state(clf, X)
     X_bad = {
         None: X,
@@ -562,12 +564,12 @@ def test_failed_refit_keeps_previous_fit(fast_params, blobs, bad_X, bad_y, match
     assert_same_state(clf, X, before)
 
 
-def test_failed_refit_keeps_feature_names(fast_params, blobs):
+def test_failed_refit_keeps_feature_names(labeled_params, blobs):
     import pandas as pd
 
     X, y = blobs
     df = pd.DataFrame(X, columns=list("abcd"))
-    clf = make_clf(fast_params, max_iter=5).fit(df, y)
+    clf = make_clf(labeled_params, max_iter=5).fit(df, y)
     with pytest.raises(ValueError, match="Every label"):
         clf.fit(X, np.full_like(y, -1))  # no feature names, and bad y
     np.testing.assert_array_equal(clf.feature_names_in_, list("abcd"))
@@ -591,11 +593,11 @@ def _unnormalised_module():
     ],
     ids=["huge_inputs", "huge_lr_custom", "huge_lr_mlp"],
 )
-def test_divergence_raises_and_keeps_unfitted(fast_params, blobs, scale, params):
+def test_divergence_raises_and_keeps_unfitted(labeled_params, blobs, scale, params):
     X, y = blobs
     if params.get("network") == "custom":
         params = {**params, "network": _unnormalised_module()}
-    clf = make_clf(fast_params, **params)
+    clf = make_clf(labeled_params, **params)
     expected_params = clf.get_params()
     with pytest.raises(FloatingPointError, match=r"at step \d+") as info:
         clf.fit(X * scale, y)
@@ -604,9 +606,9 @@ def test_divergence_raises_and_keeps_unfitted(fast_params, blobs, scale, params)
     assert_unfitted(clf, expected_params)
 
 
-def test_divergence_on_warm_start_keeps_previous_fit(fast_params, blobs):
+def test_divergence_on_warm_start_keeps_previous_fit(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params, network=_unnormalised_module(), warm_start=True)
+    clf = make_clf(labeled_params, network=_unnormalised_module(), warm_start=True)
     clf.fit(X, y)
     before = fitted_state(clf, X)
     with pytest.raises(FloatingPointError, match=r"step \d+"):
@@ -619,9 +621,9 @@ def test_divergence_on_warm_start_keeps_previous_fit(fast_params, blobs):
     assert_same_state(clf, X, before)
 
 
-def test_failure_inside_training_keeps_previous_fit(fast_params, blobs, monkeypatch):
+def test_failure_inside_training_keeps_previous_fit(labeled_params, blobs, monkeypatch):
     X, y = blobs
-    clf = make_clf(fast_params, warm_start=True, max_iter=20).fit(X, y)
+    clf = make_clf(labeled_params, warm_start=True, max_iter=20).fit(X, y)
     before = fitted_state(clf, X)
     original = skassoc._training._AssociationStep.__call__
     calls = {"n": 0}
@@ -643,11 +645,11 @@ def test_failure_inside_training_keeps_previous_fit(fast_params, blobs, monkeypa
 
 @pytest.mark.parametrize("k", [7, 25])
 def test_keyboard_interrupt_keeps_partial_model_and_raises(
-    fast_params, blobs, interrupt_at, k
+    labeled_params, blobs, interrupt_at, k
 ):
     X, y = blobs
     interrupt_at(k)
-    clf = make_clf(fast_params, max_iter=50)
+    clf = make_clf(labeled_params, max_iter=50)
     with pytest.raises(KeyboardInterrupt, match=f"interrupted after {k} of 50"):
         clf.fit(X, y)
     assert clf.n_iter_ == k
@@ -661,10 +663,12 @@ def test_keyboard_interrupt_keeps_partial_model_and_raises(
     assert not clf.model_.training
 
 
-def test_keyboard_interrupt_after_divergence_raises(fast_params, blobs, interrupt_at):
+def test_keyboard_interrupt_after_divergence_raises(
+    labeled_params, blobs, interrupt_at
+):
     X, y = blobs
     interrupt_at(3)  # before the first loss read-back (every 10 steps)
-    clf = make_clf(fast_params, network=_unnormalised_module(), max_iter=50)
+    clf = make_clf(labeled_params, network=_unnormalised_module(), max_iter=50)
     expected_params = clf.get_params()
     with pytest.raises(FloatingPointError, match=r"step \d+"):
         clf.fit(X * 1e30, y)
@@ -672,11 +676,11 @@ def test_keyboard_interrupt_after_divergence_raises(fast_params, blobs, interrup
 
 
 def test_keyboard_interrupt_outside_training_propagates(
-    fast_params, blobs, monkeypatch
+    labeled_params, blobs, monkeypatch
 ):
     """An interrupt before training leaves the previous fit as it was."""
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=5).fit(X, y)
+    clf = make_clf(labeled_params, max_iter=5).fit(X, y)
     before = fitted_state(clf, X)
 
     def interrupted(*args, **kwargs):
@@ -805,9 +809,9 @@ def test_warm_start_continues_training(fast_params, blobs_semi):
     np.testing.assert_array_equal(clf.history_["total"], fresh.history_["total"])
 
 
-def test_warm_start_with_other_classes_raises(fast_params, blobs):
+def test_warm_start_with_other_classes_raises(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params, warm_start=True, max_iter=10).fit(X, y)
+    clf = make_clf(labeled_params, warm_start=True, max_iter=10).fit(X, y)
     before = fitted_state(clf, X)
     with pytest.raises(ValueError, match="warm_start=True needs the classes"):
         clf.fit(X, np.where(y == 2, 1, y))
@@ -823,9 +827,9 @@ def test_warm_start_with_other_classes_raises(fast_params, blobs):
         ({"network": torch.nn.Linear(4, 8)}, "network: 'mlp' -> 'a module'"),
     ],
 )
-def test_warm_start_with_another_network_raises(fast_params, blobs, change, match):
+def test_warm_start_with_another_network_raises(labeled_params, blobs, change, match):
     X, y = blobs
-    clf = make_clf(fast_params, warm_start=True, max_iter=10).fit(X, y)
+    clf = make_clf(labeled_params, warm_start=True, max_iter=10).fit(X, y)
     if match is None:
         # Allowed, and it continues from the fitted network like an
         # unchanged warm start does.
@@ -840,9 +844,9 @@ def test_warm_start_with_another_network_raises(fast_params, blobs, change, matc
     assert_same_state(clf, X, before)
 
 
-def test_warm_start_with_another_image_format_raises(fast_params, digits_images):
+def test_warm_start_with_another_image_format_raises(labeled_params, digits_images):
     X, y = digits_images
-    clf = make_clf(fast_params, network="mnist", warm_start=True, max_iter=3)
+    clf = make_clf(labeled_params, network="mnist", warm_start=True, max_iter=3)
     clf.fit(X, y).set_params(image_size=10)
     before = fitted_state(clf, X)
     with pytest.raises(ValueError, match=r"image_size: None -> \(10, 10\)"):
@@ -850,17 +854,17 @@ def test_warm_start_with_another_image_format_raises(fast_params, digits_images)
     assert_same_state(clf, X, before)
 
 
-def test_channels_last_images_warn(fast_params):
+def test_channels_last_images_warn(labeled_params):
     rng = np.random.RandomState(0)
     X = rng.randint(0, 255, size=(40, 12, 12, 3)).astype(np.uint8)
     y = np.arange(40) % 2
     with pytest.warns(UserWarning, match=r"np.moveaxis\(X, -1, 1\)"):
-        make_clf(fast_params, max_iter=2).fit(X, y)
+        make_clf(labeled_params, max_iter=2).fit(X, y)
 
 
-def test_warm_start_with_other_features_raises(fast_params, blobs):
+def test_warm_start_with_other_features_raises(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params, warm_start=True, max_iter=10).fit(X, y)
+    clf = make_clf(labeled_params, warm_start=True, max_iter=10).fit(X, y)
     before = fitted_state(clf, X)
     with pytest.raises(ValueError, match="warm_start"):
         clf.fit(np.hstack([X, X[:, :1]]), y)
@@ -871,16 +875,16 @@ def test_warm_start_with_other_features_raises(fast_params, blobs):
 
 
 @pytest.mark.parametrize("max_iter", [1, 2, 3])
-def test_short_runs_record_and_check_their_losses(fast_params, blobs, max_iter):
+def test_short_runs_record_and_check_their_losses(labeled_params, blobs, max_iter):
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=max_iter, lr_decay_steps=1).fit(X, y)
+    clf = make_clf(labeled_params, max_iter=max_iter, lr_decay_steps=1).fit(X, y)
     assert clf.history_["step"] == [max_iter]
     # The rate of the last step run, decayed after each step before it.
-    last_rate = fast_params["learning_rate"] * 0.33 ** (max_iter - 1)
+    last_rate = labeled_params["learning_rate"] * 0.33 ** (max_iter - 1)
     assert clf.history_["learning_rate"] == [pytest.approx(last_rate)]
     if max_iter == 1:
         return  # the losses of step 1 come before any update
-    diverging = make_clf(fast_params, max_iter=max_iter, learning_rate=1e30)
+    diverging = make_clf(labeled_params, max_iter=max_iter, learning_rate=1e30)
     with pytest.raises(FloatingPointError, match="step"):
         diverging.fit(X.astype(np.float32) * 1e36, y)
 
@@ -1029,10 +1033,10 @@ def test_failed_stream_creation_leaves_no_short_stream_queue(monkeypatch):
     assert free.qsize() == skassoc._device.MAX_CONCURRENT_CUDA_FITS
 
 
-def test_history_is_bounded(fast_params, blobs):
+def test_history_is_bounded(labeled_params, blobs):
     X, y = blobs
     clf = make_clf(
-        fast_params,
+        labeled_params,
         hidden_layer_sizes=(4,),
         embedding_dim=4,
         labeled_per_class=2,
@@ -1052,9 +1056,9 @@ def test_history_is_bounded(fast_params, blobs):
     assert not [k for k, v in vars(clf).items() if isinstance(v, torch.Tensor)]
 
 
-def test_fitted_model_keeps_no_gradients(fast_params, blobs):
+def test_fitted_model_keeps_no_gradients(labeled_params, blobs):
     X, y = blobs
-    clf = make_clf(fast_params, max_iter=5).fit(X, y)
+    clf = make_clf(labeled_params, max_iter=5).fit(X, y)
     assert all(p.grad is None for p in clf.model_.parameters())
 
 
@@ -1192,10 +1196,10 @@ def image_batches(draw):
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=image_batches(), predict_shape=st.sampled_from(["same", "chw", "rows"]))
-def test_fit_predict_random_images(fast_params, data, predict_shape):
+def test_fit_predict_random_images(labeled_params, data, predict_shape):
     X, y = data
     clf = make_clf(
-        fast_params,
+        labeled_params,
         network="auto",
         embedding_dim=4,
         hidden_layer_sizes=(4,),
