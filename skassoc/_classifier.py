@@ -4,7 +4,6 @@ import copy
 import math
 import sys
 import warnings
-from numbers import Integral, Real
 
 import numpy as np
 import torch
@@ -15,16 +14,11 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
-from sklearn.utils._param_validation import (
-    Interval,
-    Options,
-    StrOptions,
-    validate_parameter_constraints,
-)
+from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_consistent_length, column_or_1d
 from tqdm.auto import tqdm
 
-from ._batches import UNLABELED_POOLS, make_batches
+from ._batches import make_batches
 from ._device import (
     autocast_context,
     cuda_rng_lock,
@@ -43,9 +37,9 @@ from ._inputs import (
     unlabeled_mask,
     validate_training_inputs,
 )
-from ._io._limits import MAX_WEIGHT, MAX_WIDTH
 from ._io._model_file import load_model, save_model
 from ._model import build_model, check_custom_module, placed, probe_embedder
+from ._params import PARAMETER_CONSTRAINTS
 from ._prior import (
     apply_class_prior,
     estimate_class_prior,
@@ -53,7 +47,6 @@ from ._prior import (
     prior_samples,
     uniform_prior,
 )
-from ._sampling import UNLABELED_SAMPLINGS
 from ._settings import (
     available_memory_bytes,
     describe_settings,
@@ -64,7 +57,6 @@ from ._settings import (
     step_memory_bytes,
 )
 from ._training import (
-    LR_SCHEDULES,
     load_torch_dynamo,
     train,
     warn_if_labels_unlearned,
@@ -72,26 +64,6 @@ from ._training import (
 from ._utils import user_stacklevel
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
-
-
-class _Int(Interval):
-    """Ints from ``left`` (to ``right``); not booleans, which are no sizes."""
-
-    def __init__(self, left, right=None):
-        closed = "left" if right is None else "both"
-        super().__init__(Integral, left, right, closed=closed)
-
-    def is_satisfied_by(self, val):
-        return not isinstance(val, bool) and super().is_satisfied_by(val)
-
-
-# A loss weight (or L2 scale) is bounded as the model file bounds it, so that
-# every estimator that fits can be saved. Above it a weight is far past any
-# useful ratio between the losses, and a large enough one overflows float32
-# in Adam's squared gradients, which looks like a too-high learning rate.
-_WEIGHT = Interval(Real, 0, MAX_WEIGHT, closed="both")
-# Values beyond float32's range cannot even be handed to the optimizer.
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class SemiSupervisedAssociationClassifier(
@@ -479,52 +451,11 @@ class SemiSupervisedAssociationClassifier(
     (3, 128)
     """
 
-    _parameter_constraints = {
-        "network": [
-            StrOptions({"auto", "mnist", "svhn", "stl10", "small", "mlp"}),
-            torch.nn.Module,
-        ],
-        "input_shape": [tuple, list, None],
-        "image_size": [_Int(1, MAX_WIDTH), tuple, list, None],
-        "image_channels": [Options(Integral, {1, 3}), None],
-        "embedding_dim": [_Int(1, MAX_WIDTH)],
-        "hidden_layer_sizes": [tuple, list],
-        "labeled_per_class": [_Int(1), StrOptions({"auto"})],
-        "unlabeled_batch_size": [_Int(1), StrOptions({"auto"})],
-        "unlabeled_sampling": [StrOptions(set(UNLABELED_SAMPLINGS))],
-        "max_iter": [_Int(1), StrOptions({"auto"})],
-        "learning_rate": [Interval(Real, 0, _FLOAT32_MAX, closed="right")],
-        "lr_decay": [Interval(Real, 0, 1, closed="right")],
-        "lr_decay_steps": [_Int(1), StrOptions({"auto"})],
-        "lr_schedule": [StrOptions(set(LR_SCHEDULES))],
-        "lr_warmup_steps": [_Int(0)],
-        "walker_weight": [_WEIGHT],
-        "visit_weight": [_WEIGHT],
-        "logit_weight": [_WEIGHT],
-        "association_delay": [_Int(0)],
-        "association_ramp_steps": [_Int(0)],
-        "l2_scale": [_WEIGHT, StrOptions({"auto"})],
-        "augmentation": [None, StrOptions({"auto", "paper"}), dict],
-        "consistency_weight": [_WEIGHT, StrOptions({"auto"})],
-        "balance_weight": [_WEIGHT],
-        "ema_decay": [None, Interval(Real, 0, 1, closed="left")],
-        "precision": [StrOptions({"auto", "fp32", "tf32", "bf16"})],
-        "cuda_graph": ["boolean", StrOptions({"auto"})],
-        "compile": ["boolean", dict],
-        "device": [str, torch.device],
-        "predict_batch_size": [_Int(1), StrOptions({"auto"})],
-        "random_state": ["random_state"],
-        "verbose": ["verbose"],
-        "warm_start": ["boolean"],
-        "validation_interval": [_Int(1)],
-        "unlabeled_pool": [StrOptions(set(UNLABELED_POOLS))],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [_Int(1)],
-        "tol": [Interval(Real, 0, MAX_WEIGHT, closed="both")],
-        "class_weight": [None, StrOptions({"balanced"}), dict],
-        "class_prior": [StrOptions({"auto", "uniform"}), "array-like"],
-    }
+    # Each parameter is declared in skassoc._params (with its default, its
+    # domain in a model file and what it configures); the constructor below
+    # and the Parameters section above must match that table, which
+    # tests/test_params.py checks.
+    _parameter_constraints = PARAMETER_CONSTRAINTS
 
     # The HTML repr links to skassoc's API pages, not scikit-learn's.
     _doc_link_module = "skassoc"

@@ -28,6 +28,7 @@ from ._image_format import check_image_size
 from ._inputs import UNLABELED
 from ._model import ModelSpec, is_builtin, spec_of_model
 from ._networks import NETWORKS, auto_network_name
+from ._params import PARAMS
 from ._prior import check_class_prior, training_class_prior
 from ._training import TrainingConfig, default_log_interval
 from ._utils import is_integer
@@ -129,34 +130,20 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         estimator, inputs, spec, device, precision, consistency_weight
     )
     training = TrainingConfig(
+        **copied_settings(estimator),
         max_iter=max_iter,
-        learning_rate=float(estimator.learning_rate),
-        lr_decay=float(estimator.lr_decay),
         lr_decay_steps=_resolve_lr_decay_steps(estimator.lr_decay_steps, max_iter),
-        lr_schedule=estimator.lr_schedule,
         lr_warmup_steps=_check_lr_warmup_steps(estimator.lr_warmup_steps, max_iter),
-        walker_weight=float(estimator.walker_weight),
-        visit_weight=float(estimator.visit_weight),
-        logit_weight=float(estimator.logit_weight),
-        association_delay=int(estimator.association_delay),
-        association_ramp_steps=int(estimator.association_ramp_steps),
         l2_scale=_resolve_l2_scale(estimator.l2_scale, spec.network),
         logit_l2_scale=LOGIT_L2_SCALE,
         precision=precision,
         cuda_graph=device.type == "cuda" and estimator.cuda_graph in ("auto", True),
         channels_last=inputs.images,
         log_interval=default_log_interval(max_iter),
-        verbose=estimator.verbose,
         augmentation=augmentation,
         consistency_weight=consistency_weight,
-        balance_weight=float(estimator.balance_weight),
         class_prior=training_class_prior(class_prior),
-        ema_decay=estimator.ema_decay,
-        validation_interval=int(estimator.validation_interval),
         compile=_compile_options(estimator.compile, estimator.cuda_graph, device),
-        early_stopping=bool(estimator.early_stopping),
-        n_iter_no_change=int(estimator.n_iter_no_change),
-        tol=float(estimator.tol),
     )
     return FitSettings(
         device=device,
@@ -170,6 +157,20 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         unlabeled_pool=estimator.unlabeled_pool,
         class_prior=class_prior,
     )
+
+
+def copied_settings(estimator):
+    """The training settings that are ``estimator``'s parameters as they are.
+
+    Each parameter whose row of :data:`~skassoc._params.PARAMS` has a
+    ``to_training`` conversion, converted by it; the other settings of
+    :class:`TrainingConfig` are resolved by :func:`resolve_fit_settings`.
+    """
+    return {
+        param.name: param.to_training(getattr(estimator, param.name))
+        for param in PARAMS
+        if param.to_training is not None
+    }
 
 
 def _resolve_batching(estimator, inputs, spec, device, precision, consistency_weight):

@@ -57,6 +57,7 @@ from ._fitted import FittedState, set_fitted_state
 from ._inputs import validate_training_inputs
 from ._losses import step_losses
 from ._networks import weight_tensors
+from ._params import STACKED_VARYING
 from ._settings import (
     embeds_feature_vectors,
     resolve_consistency_weight,
@@ -78,8 +79,9 @@ from ._utils import user_stacklevel
 
 __all__ = ["fit_candidates", "LOSS_WEIGHTS", "STACKINGS"]
 
-#: The parameters that may differ between stacked candidates.
-LOSS_WEIGHTS = ("walker_weight", "visit_weight", "logit_weight")
+#: The parameters that may differ between stacked candidates (their rows of
+#: ``skassoc._params.PARAMS`` say so); they share every other one.
+LOSS_WEIGHTS = STACKED_VARYING
 #: How the candidates are computed (see the module's docstring).
 STACKINGS = ("auto", "vmap", "streams")
 

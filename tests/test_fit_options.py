@@ -416,7 +416,7 @@ def test_new_parameters_survive_save_and_load(
 
 
 def test_model_file_bounds_of_the_new_parameters():
-    from skassoc._io._limits import SAFE_PARAMS
+    from skassoc._params import SAFE_PARAMS
 
     check = SAFE_PARAMS["class_weight"]
     assert check(None) and check("balanced") and check([[0, 1.0], ["a", 2.0]])

@@ -197,7 +197,7 @@ def test_unknown_parameters_are_refused(saved, tmp_path, name):
 
 
 def test_every_estimator_parameter_has_a_file_rule():
-    from skassoc._io._limits import NEVER_FROM_FILE, SAFE_PARAMS
+    from skassoc._params import NEVER_FROM_FILE, SAFE_PARAMS
 
     names = set(SemiSupervisedAssociationClassifier().get_params())
     assert names == set(SAFE_PARAMS) | set(NEVER_FROM_FILE)

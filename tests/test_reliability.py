@@ -25,7 +25,7 @@ import skassoc._device
 import skassoc._sampling
 import skassoc._training
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._io._limits import SAFE_PARAMS
+from skassoc._params import SAFE_PARAMS
 from skassoc._settings import _compile_options
 from skassoc._training import NonFiniteLossError, _sigint_held_back, load_torch_dynamo
 from skassoc.model_selection import SemiSupervisedStratifiedKFold, labeled_scorer

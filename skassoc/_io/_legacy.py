@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import safetensors.torch
 import torch
 
+from .._params import NEVER_FROM_FILE
 from .._prior import uniform_prior
 from .._version import __version__
 from ._archive import read_archive, write_archive
 from ._format import FORMAT_VERSION, LEGACY_WEIGHTS_MEMBER, InvalidModelFile
-from ._limits import NEVER_FROM_FILE
 from ._metadata import (
     check_checksum,
     check_format,

@@ -1,24 +1,19 @@
 """The limits of a model file: what it may describe and ask of a refit.
 
 Each bound below is one row of the user guide's table of model file limits,
-which gives its reason; ``SAFE_PARAMS`` holds the hyperparameters a file may
-set, each with the domain of values it may take. ``load_model`` refuses a
-file beyond them and ``save_model`` refuses to write one.
+which gives its reason; the checks below are the domains of values of the
+hyperparameters a file may set (``skassoc._params`` gives each parameter its
+check, as ``SAFE_PARAMS``). ``load_model`` refuses a file beyond them and
+``save_model`` refuses to write one.
 """
 
 import math
 from numbers import Real
 
 from .._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
-from .._batches import UNLABELED_POOLS
-from .._networks import NETWORKS
-from .._sampling import UNLABELED_SAMPLINGS
-from .._training import LR_SCHEDULES
 from .._utils import is_integer
 
 __all__ = [
-    "SAFE_PARAMS",
-    "NEVER_FROM_FILE",
     "CLASS_VALUE_CHECKS",
     "one_of",
     "int_in",
@@ -57,8 +52,6 @@ CLASS_VALUE_CHECKS = {
     "U": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
     "O": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
 }
-# Parameters a file never sets: they reach a compiler or the hardware.
-NEVER_FROM_FILE = ("compile", "device")
 
 
 # ------------------------------------------------------- parameter domains
@@ -174,47 +167,3 @@ def is_class_prior(value):
         and 2 <= len(value) <= MAX_WIDTH
         and all(positive(item) for item in value)
     )
-
-
-#: The hyperparameters a file may set, each with the values it may take.
-SAFE_PARAMS = {
-    "network": one_of("auto", *NETWORKS),
-    "input_shape": sizes(2, 3, allow_none=True),
-    "image_size": _image_size,
-    "image_channels": one_of(None, 1, 3),
-    "embedding_dim": int_in(1, MAX_WIDTH),
-    "hidden_layer_sizes": sizes(0, MAX_LAYERS),
-    "labeled_per_class": int_in(1, MAX_BATCH, "auto"),
-    "unlabeled_batch_size": int_in(1, MAX_BATCH, "auto"),
-    "unlabeled_sampling": one_of(*UNLABELED_SAMPLINGS),
-    "max_iter": int_in(1, MAX_STEPS, "auto"),
-    "learning_rate": float_in(0, 10, low_open=True),
-    "lr_decay": float_in(0, 1, low_open=True),
-    "lr_decay_steps": int_in(1, MAX_STEPS, "auto"),
-    "lr_schedule": one_of(*LR_SCHEDULES),
-    "lr_warmup_steps": int_in(0, MAX_STEPS),
-    "walker_weight": float_in(0, MAX_WEIGHT),
-    "visit_weight": float_in(0, MAX_WEIGHT),
-    "logit_weight": float_in(0, MAX_WEIGHT),
-    "association_delay": int_in(0, MAX_STEPS),
-    "association_ramp_steps": int_in(0, MAX_STEPS),
-    "l2_scale": float_in(0, MAX_WEIGHT, "auto"),
-    "augmentation": _augmentation,
-    "consistency_weight": float_in(0, MAX_WEIGHT, "auto"),
-    "balance_weight": float_in(0, MAX_WEIGHT),
-    "ema_decay": float_in(0, 1, None),
-    "precision": one_of("auto", "fp32", "tf32", "bf16"),
-    "cuda_graph": one_of(True, False, "auto"),
-    "predict_batch_size": int_in(1, MAX_PREDICT_BATCH, "auto"),
-    "random_state": int_in(0, 2**32 - 1, None),
-    "verbose": int_in(0, 100, True, False),
-    "warm_start": one_of(True, False),
-    "validation_interval": int_in(1, MAX_STEPS),
-    "unlabeled_pool": one_of(*UNLABELED_POOLS),
-    "early_stopping": one_of(True, False),
-    "validation_fraction": lambda v: float_in(0, 1, low_open=True)(v) and v < 1,
-    "n_iter_no_change": int_in(1, MAX_STEPS),
-    "tol": float_in(0, MAX_WEIGHT),
-    "class_weight": _class_weight,
-    "class_prior": is_class_prior,
-}

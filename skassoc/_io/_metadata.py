@@ -16,6 +16,7 @@ import torch
 
 from .._model import ModelSpec
 from .._networks import NETWORKS
+from .._params import NEVER_FROM_FILE, SAFE_PARAMS
 from .._prior import check_class_prior
 from .._utils import is_integer, user_stacklevel
 from .._version import __version__
@@ -32,8 +33,6 @@ from ._limits import (
     MAX_LABEL_CHARS,
     MAX_LAYERS,
     MAX_WIDTH,
-    NEVER_FROM_FILE,
-    SAFE_PARAMS,
     int_in,
     is_class_prior,
     one_of,
