@@ -1173,7 +1173,7 @@ def _check_step_memory(settings, model, activation_bytes):
     needed = step_memory_bytes(
         n_labeled=n_classes * settings.labeled_per_class,
         n_unlabeled=settings.unlabeled_batch_size,
-        views=2 if settings.training.consistency_weight > 0 else 1,
+        views=2 if settings.training.second_view else 1,
         embedding_dim=model.logits.in_features,
         activation_bytes=activation_bytes,
         n_parameters=sum(p.numel() for p in model.parameters()),

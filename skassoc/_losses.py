@@ -9,9 +9,9 @@ Beyond the paper, the *consistency loss* asks the walk from an unlabeled
 sample back to the labeled classes to end alike for the sample and a random
 augmentation of it, and the *balance loss* asks the walks from the unlabeled
 batch to end in each class as often as the class's share of the labels.
-"""
 
-from dataclasses import dataclass
+How a training step weighs and sums them is in ``skassoc._loss_terms``.
+"""
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +26,6 @@ __all__ = [
     "balance_loss",
     "classification_loss",
     "l2_penalty",
-    "OptionalLosses",
-    "step_losses",
 ]
 
 # The authors' code adds this constant inside every logarithm; keeping it
@@ -326,101 +324,6 @@ def _divergence(shares, mass):
     return (
         torch.special.xlogy(shares, shares) - shares * torch.log(LOG_EPSILON + mass)
     ).sum()
-
-
-@dataclass(frozen=True)
-class OptionalLosses:
-    """The losses beyond the paper's that a training step adds, their needs,
-    and where the visit loss's walks start.
-
-    Parameters
-    ----------
-    consistency_weight : float, default=0.0
-        Weight of :func:`consistency_loss` (0: off); the step's batch then
-        ends with a second augmented copy of its unlabeled samples.
-    balance_weight : float, default=0.0
-        Weight of :func:`balance_loss` (0: off).
-    class_shares : torch.Tensor of shape (n_classes,), default=None
-        Target of the balance loss, on the training device.
-    class_mass : torch.Tensor of shape (n_classes,), default=None
-        The balance loss's running estimate of the class mass (see
-        :func:`balance_loss`), on the training device; the steps update it.
-    visit_start_weights : torch.Tensor of shape (n_labeled,), default=None
-        ``start_weights`` of :func:`visit_loss`, on the training device.
-    """
-
-    consistency_weight: float = 0.0
-    balance_weight: float = 0.0
-    class_shares: torch.Tensor | None = None
-    class_mass: torch.Tensor | None = None
-    visit_start_weights: torch.Tensor | None = None
-
-    @property
-    def names(self):
-        """The names of :func:`step_losses`'s terms, in its order."""
-        names = ("total", "walker", "visit", "logit")
-        if self.consistency_weight > 0:
-            names += ("consistency",)
-        if self.balance_weight > 0:
-            names += ("balance",)
-        return names
-
-
-def step_losses(
-    embeddings, logits, labels, n_batch, weights, scale, optional, labeled_weights=None
-):
-    """The training loss of a step and its terms, as one tensor.
-
-    Parameters
-    ----------
-    embeddings : torch.Tensor of shape (n_rows, d)
-        The labeled samples' embeddings, then the unlabeled ones' up to row
-        ``n_batch``, then (with the consistency loss) those of the unlabeled
-        samples' second copy.
-    logits : torch.Tensor of shape (n_labeled, n_classes)
-        The labeled samples' logits.
-    labels : torch.Tensor of shape (n_labeled,)
-        Their classes.
-    n_batch : int
-        Rows of the labeled and unlabeled batch (before the second copy).
-    weights : sequence of 3 numbers or tensor of shape (3,)
-        Walker, visit and logit weights.
-    scale : float or torch.Tensor
-        Multiplier of the association losses (their delay and ramp).
-    optional : OptionalLosses
-        The losses beyond the paper's, and where the visit loss's walks start.
-    labeled_weights : torch.Tensor of shape (n_labeled,), default=None
-        Factors of the labeled samples' classification losses (see
-        :func:`classification_loss`).
-
-    Returns
-    -------
-    terms : torch.Tensor of shape (len(optional.names),)
-        The total loss, then each term, in the order of ``optional.names``.
-    """
-    n_labeled = labels.shape[0]
-    labeled = embeddings[:n_labeled]
-    p_ab, p_ba, p_aba = association_matrices(labeled, embeddings[n_labeled:n_batch])
-    walker = walker_loss(p_aba, labels)
-    visit = visit_loss(p_ab, optional.visit_start_weights)
-    logit = classification_loss(logits, labels, labeled_weights)
-    association = weights[0] * walker + weights[1] * visit
-    terms = [walker, visit, logit]
-    n_classes = logits.shape[1]
-    if optional.consistency_weight > 0 or optional.balance_weight > 0:
-        landed = walker_class_probabilities(p_ba, labels, n_classes)
-    if optional.consistency_weight > 0:
-        # Where the walk from the second copy ends should match where the
-        # walk from the first one ends (the target, held fixed).
-        p_copy = backward_transitions(labeled, embeddings[n_batch:])
-        copy_landed = walker_class_probabilities(p_copy, labels, n_classes)
-        terms.append(consistency_loss(landed, copy_landed))
-        association = association + optional.consistency_weight * terms[-1]
-    if optional.balance_weight > 0:
-        terms.append(balance_loss(landed, optional.class_shares, optional.class_mass))
-        association = association + optional.balance_weight * terms[-1]
-    total = scale * association + weights[2] * logit
-    return torch.stack([total, *terms])
 
 
 def _cross_entropy(target, probabilities):

@@ -20,7 +20,12 @@ checks that both match this table. A new parameter is therefore a row here,
 an argument of the constructor (stored as it is), its entry in the
 docstring's Parameters section and in ``docs/parameters.rst``; a setting
 that is not a plain copy (an ``"auto"``, a check against the data) is
-resolved in ``skassoc._settings``.
+resolved in ``skassoc._settings``. The weight of a loss term is a row of part
+``"losses"``, named by the term's ``weight_param`` (``skassoc._loss_terms``).
+
+:func:`add_param` adds a row while the process runs, for a loss term
+registered from outside the package (as ``tests/test_loss_registry.py``
+does); code that reads the table at fit time reads ``_params.PARAMS``.
 """
 
 from dataclasses import KW_ONLY, dataclass
@@ -60,6 +65,9 @@ __all__ = [
     "SAFE_PARAMS",
     "NEVER_FROM_FILE",
     "STACKED_VARYING",
+    "loss_weight",
+    "add_param",
+    "remove_param",
 ]
 
 #: What each parameter configures (:attr:`Param.part`).
@@ -143,7 +151,8 @@ class Param:
         ``"losses"``.
     to_training : callable or None
         How ``resolve_fit_settings`` copies the value into the training
-        configuration's field of the same name (``float``, ``int``, ...).
+        configuration's field of the same name (``float``, ``int``, ...);
+        a loss weight goes into its ``loss_weights`` under its name.
         None where the setting is resolved there (an ``"auto"``, a check
         against other parameters or the data) or is no training setting.
     stacked : {"share", "vary"}
@@ -159,6 +168,27 @@ class Param:
     part: str
     to_training: object = None
     stacked: str = "share"
+
+
+def loss_weight(name, default, *, stacked="share"):
+    """The row of a loss term's weight: a float in ``[0, MAX_WEIGHT]``.
+
+    Examples
+    --------
+    >>> from skassoc._params import loss_weight
+    >>> row = loss_weight("toy_weight", 0.0, stacked="vary")
+    >>> row.part, row.to_training, row.file_domain(2.5), row.file_domain(-1)
+    ('losses', <class 'float'>, True, False)
+    """
+    return Param(
+        name,
+        default=default,
+        constraints=(_WEIGHT,),
+        file_domain=_WEIGHT_IN_FILE,
+        part="losses",
+        to_training=float,
+        stacked=stacked,
+    )
 
 
 #: Every hyperparameter, in the constructor's order.
@@ -271,33 +301,9 @@ PARAMS = (
         file_domain=int_in(0, MAX_STEPS),
         part="schedule",
     ),
-    Param(
-        "walker_weight",
-        default=1.0,
-        constraints=(_WEIGHT,),
-        file_domain=_WEIGHT_IN_FILE,
-        part="losses",
-        to_training=float,
-        stacked="vary",
-    ),
-    Param(
-        "visit_weight",
-        default=1.0,
-        constraints=(_WEIGHT,),
-        file_domain=_WEIGHT_IN_FILE,
-        part="losses",
-        to_training=float,
-        stacked="vary",
-    ),
-    Param(
-        "logit_weight",
-        default=1.0,
-        constraints=(_WEIGHT,),
-        file_domain=_WEIGHT_IN_FILE,
-        part="losses",
-        to_training=float,
-        stacked="vary",
-    ),
+    loss_weight("walker_weight", 1.0, stacked="vary"),
+    loss_weight("visit_weight", 1.0, stacked="vary"),
+    loss_weight("logit_weight", 1.0, stacked="vary"),
     Param(
         "association_delay",
         default=0,
@@ -335,14 +341,7 @@ PARAMS = (
         file_domain=float_in(0, MAX_WEIGHT, "auto"),
         part="losses",
     ),
-    Param(
-        "balance_weight",
-        default=0.0,
-        constraints=(_WEIGHT,),
-        file_domain=_WEIGHT_IN_FILE,
-        part="losses",
-        to_training=float,
-    ),
+    loss_weight("balance_weight", 0.0),
     Param(
         "ema_decay",
         default=None,
@@ -478,5 +477,54 @@ SAFE_PARAMS = {
 }
 #: The parameters a model file never sets: they reach a compiler or the hardware.
 NEVER_FROM_FILE = tuple(p.name for p in PARAMS if p.file_domain is NOT_FROM_FILES)
+
+
+def _stacked_varying(params):
+    return tuple(p.name for p in params if p.stacked == "vary")
+
+
 #: The parameters in which stacked candidates may differ.
-STACKED_VARYING = tuple(p.name for p in PARAMS if p.stacked == "vary")
+STACKED_VARYING = _stacked_varying(PARAMS)
+# The rows of the table's source, which remove_param leaves alone.
+_SOURCE_ROWS = frozenset(p.name for p in PARAMS)
+
+
+def add_param(param):
+    """Add ``param`` to the table and to everything derived from it.
+
+    For a row that the table's source does not hold: the weight of a loss
+    term registered while the process runs (see ``skassoc._loss_terms``).
+    The estimator needs the constructor argument too (a subclass's).
+
+    Raises
+    ------
+    ValueError
+        If the table has a row of that name, the row is no loss weight
+        (other settings need code in ``skassoc._settings``), or a model file
+        may not set it (``NEVER_FROM_FILE`` is fixed when the model-file
+        modules load).
+    """
+    global PARAMS, STACKED_VARYING
+    if any(p.name == param.name for p in PARAMS):
+        raise ValueError(f"The table has a row {param.name!r} already.")
+    if param.part != "losses" or param.file_domain is NOT_FROM_FILES:
+        raise ValueError(
+            f"{param.name}: a row added at run time is the weight of a loss "
+            "term (part 'losses') that a model file may set (a file_domain)."
+        )
+    PARAMS = (*PARAMS, param)
+    # In place: the estimator and the model-file modules hold these dicts.
+    PARAMETER_CONSTRAINTS[param.name] = list(param.constraints)
+    SAFE_PARAMS[param.name] = param.file_domain
+    STACKED_VARYING = _stacked_varying(PARAMS)
+
+
+def remove_param(name):
+    """Remove the row ``name`` that :func:`add_param` added."""
+    global PARAMS, STACKED_VARYING
+    if name in _SOURCE_ROWS or name not in PARAMETER_CONSTRAINTS:
+        raise ValueError(f"{name!r} is no row that add_param added.")
+    PARAMS = tuple(p for p in PARAMS if p.name != name)
+    del PARAMETER_CONSTRAINTS[name]
+    del SAFE_PARAMS[name]
+    STACKED_VARYING = _stacked_varying(PARAMS)

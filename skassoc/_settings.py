@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
+from . import _params
 from ._augmentation import resolve_augmentation
 from ._defaults import (
     AUTO_CONSISTENCY_WEIGHT,
@@ -26,9 +27,9 @@ from ._defaults import (
 from ._device import cpu_has_native_bf16, resolve_device
 from ._image_format import check_image_size
 from ._inputs import UNLABELED
+from ._loss_terms import active_terms, needs_of
 from ._model import ModelSpec, is_builtin, spec_of_model
 from ._networks import NETWORKS, auto_network_name
-from ._params import PARAMS
 from ._prior import check_class_prior, training_class_prior
 from ._training import TrainingConfig, default_log_interval
 from ._utils import is_integer
@@ -121,16 +122,18 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         seed = fit_seed(estimator.random_state)
     feature_vectors = embeds_feature_vectors(inputs, spec)
     augmentation = _check_augmentation(estimator, inputs, feature_vectors, seed)
-    consistency_weight = resolve_consistency_weight(
+    copied = copied_settings(estimator)
+    copied["loss_weights"]["consistency_weight"] = resolve_consistency_weight(
         estimator, augmentation, feature_vectors
     )
     precision = resolve_precision(estimator.precision, device, inputs.images)
     class_prior = check_class_prior(estimator.class_prior, len(inputs.classes))
+    needs = needs_of(active_terms(copied["loss_weights"]))
     labeled_per_class, unlabeled_batch_size, max_iter = _resolve_batching(
-        estimator, inputs, spec, device, precision, consistency_weight
+        estimator, inputs, spec, device, precision, "second_view" in needs
     )
     training = TrainingConfig(
-        **copied_settings(estimator),
+        **copied,
         max_iter=max_iter,
         lr_decay_steps=_resolve_lr_decay_steps(estimator.lr_decay_steps, max_iter),
         lr_warmup_steps=_check_lr_warmup_steps(estimator.lr_warmup_steps, max_iter),
@@ -141,7 +144,6 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
         channels_last=inputs.images,
         log_interval=default_log_interval(max_iter),
         augmentation=augmentation,
-        consistency_weight=consistency_weight,
         class_prior=training_class_prior(class_prior),
         compile=_compile_options(estimator.compile, estimator.cuda_graph, device),
     )
@@ -163,23 +165,30 @@ def copied_settings(estimator):
     """The training settings that are ``estimator``'s parameters as they are.
 
     Each parameter whose row of :data:`~skassoc._params.PARAMS` has a
-    ``to_training`` conversion, converted by it; the other settings of
-    :class:`TrainingConfig` are resolved by :func:`resolve_fit_settings`.
+    ``to_training`` conversion, converted by it; the loss weights (rows of
+    part ``"losses"``) in the dict ``"loss_weights"``. The other settings of
+    :class:`TrainingConfig` (and ``consistency_weight``) are resolved by
+    :func:`resolve_fit_settings`.
     """
-    return {
-        param.name: param.to_training(getattr(estimator, param.name))
-        for param in PARAMS
-        if param.to_training is not None
-    }
+    copied = {"loss_weights": {}}
+    for param in _params.PARAMS:
+        if param.to_training is None:
+            continue
+        value = param.to_training(getattr(estimator, param.name))
+        if param.part == "losses":
+            copied["loss_weights"][param.name] = value
+        else:
+            copied[param.name] = value
+    return copied
 
 
-def _resolve_batching(estimator, inputs, spec, device, precision, consistency_weight):
+def _resolve_batching(estimator, inputs, spec, device, precision, second_view):
     """``labeled_per_class``, ``unlabeled_batch_size`` and ``max_iter``.
 
     Their ``"auto"`` values follow the rules of :mod:`skassoc._defaults`,
     from the training labels, the size of the unlabeled pool, the network,
-    the device and whether the consistency loss (``consistency_weight > 0``)
-    embeds a second copy of the unlabeled batch.
+    the device and whether a loss term (the consistency loss) embeds a
+    second copy of the unlabeled batch.
     """
     labeled = inputs.encoded >= 0
     counts = np.bincount(inputs.encoded[labeled], minlength=len(inputs.classes))
@@ -212,7 +221,7 @@ def _resolve_batching(estimator, inputs, spec, device, precision, consistency_we
             spec.embedding_dim,
             spec.hidden_layer_sizes,
         )
-        views = 2 if consistency_weight > 0 else 1
+        views = 2 if second_view else 1
         step_samples = labeled_per_class * len(counts) + views * unlabeled_batch_size
         step_seconds = cpu_step_seconds(
             spec.network, spec.network_shape, macs, step_samples, precision == "bf16"
@@ -241,8 +250,9 @@ def describe_settings(settings):
         parts.append(f"feature noise {augmentation['feature_noise']:.3g}")
     elif augmentation is not None:
         parts.append("image augmentation")
-    if training.consistency_weight > 0:
-        parts.append(f"consistency weight {training.consistency_weight:g}")
+    consistency_weight = training.loss_weights["consistency_weight"]
+    if consistency_weight > 0:
+        parts.append(f"consistency weight {consistency_weight:g}")
     return "skassoc: " + ", ".join(parts)
 
 

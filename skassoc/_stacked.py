@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from sklearn.base import clone
 
+from . import _params
 from ._batches import make_batches
 from ._device import (
     autocast_context,
@@ -55,9 +56,8 @@ from ._device import (
 from ._ema import WeightAverage
 from ._fitted import FittedState, set_fitted_state
 from ._inputs import validate_training_inputs
-from ._losses import step_losses
+from ._loss_terms import LOSS_TERMS, StepLoss, active_terms
 from ._networks import weight_tensors
-from ._params import STACKED_VARYING
 from ._settings import (
     embeds_feature_vectors,
     resolve_consistency_weight,
@@ -70,20 +70,25 @@ from ._training import (
     _StepRunner,
     association_scale,
     augment_batch,
+    class_frequencies,
     make_optimizer,
     make_scheduler,
-    optional_losses,
     step_batch_layout,
 )
 from ._utils import user_stacklevel
 
-__all__ = ["fit_candidates", "LOSS_WEIGHTS", "STACKINGS"]
+__all__ = ["fit_candidates", "varying_params", "STACKINGS"]
 
-#: The parameters that may differ between stacked candidates (their rows of
-#: ``skassoc._params.PARAMS`` say so); they share every other one.
-LOSS_WEIGHTS = STACKED_VARYING
 #: How the candidates are computed (see the module's docstring).
 STACKINGS = ("auto", "vmap", "streams")
+
+
+def varying_params():
+    """The parameters in which stacked candidates may differ: the loss
+    weights whose rows of ``skassoc._params.PARAMS`` say so (read at call
+    time: a loss term may be registered while the process runs). They
+    share every other one."""
+    return _params.STACKED_VARYING
 
 
 def check_candidate_params(param_list):
@@ -97,13 +102,12 @@ def check_candidate_params(param_list):
     param_list = [dict(params) for params in param_list]
     if not param_list:
         raise ValueError("param_list holds no candidate; give at least one dict.")
-    others = sorted(
-        {name for params in param_list for name in params} - set(LOSS_WEIGHTS)
-    )
+    varying = varying_params()
+    others = sorted({name for params in param_list for name in params} - set(varying))
     if others:
         raise ValueError(
             f"Stacked candidates may differ only in their loss weights "
-            f"{list(LOSS_WEIGHTS)}; these parameters differ too: {others}. Set "
+            f"{list(varying)}; these parameters differ too: {others}. Set "
             "them on the estimator, or search them with "
             "sklearn.model_selection.GridSearchCV."
         )
@@ -122,12 +126,16 @@ def _check_shared(estimator, stacking):
             isinstance(estimator.compile, dict) or bool(estimator.compile),
             False,
         ),
-        # Its running estimate of the class mass would be one per candidate.
-        "balance_weight": (estimator.balance_weight != 0, 0),
         # The stacked batches carry no loss factors, and no validation runs.
         "class_weight": (estimator.class_weight is not None, None),
         "early_stopping": (bool(estimator.early_stopping), False),
     }
+    # A loss term's running estimate of the class mass (the balance loss)
+    # would be one per candidate.
+    for term in LOSS_TERMS.values():
+        if "class_frequencies" in term.needs:
+            weight = term.weight_param
+            refused[weight] = (getattr(estimator, weight) != 0, 0)
     advice = [f"{name}={value!r}" for name, (on, value) in refused.items() if on]
     if advice:
         raise ValueError(
@@ -190,7 +198,8 @@ def fit_candidates(
     estimators : list of SemiSupervisedAssociationClassifier
         Fitted clones, in the order of ``param_list``. A candidate whose
         loss became NaN or infinite is left unfitted (with a warning); the
-        others are fitted.
+        others are fitted. Every ``history_`` holds the loss terms that any
+        candidate turns on: a candidate that weighs one at 0 records it too.
 
     Raises
     ------
@@ -228,10 +237,7 @@ def fit_candidates(
     # resolution would draw another seed, and the candidates must share one.
     settings = resolve_fit_settings(candidates[0], inputs)
     _check_same_consistency(candidates, inputs, settings)
-    configs = [
-        replace(settings.training, **{n: float(getattr(c, n)) for n in LOSS_WEIGHTS})
-        for c in candidates
-    ]
+    configs = [_candidate_config(settings.training, c) for c in candidates]
     device = settings.device
     with seeded_rng(settings.seed, device), torch_threads(device):
         # The order of a single fit: the model first, then the batches (the
@@ -249,6 +255,13 @@ def fit_candidates(
         trained = zip(candidates, models, histories, strict=True)
         _set_states(list(trained), n_iter, failed, inputs, settings)
     return candidates
+
+
+def _candidate_config(training, candidate):
+    """``training`` with the loss weights in which ``candidate`` may differ."""
+    weights = dict(training.loss_weights)
+    weights.update({n: float(getattr(candidate, n)) for n in varying_params()})
+    return replace(training, loss_weights=weights)
 
 
 def _set_states(trained, n_iter, failed, inputs, settings):
@@ -284,7 +297,7 @@ def _set_states(trained, n_iter, failed, inputs, settings):
 def _failure_message(candidates, failed, outcome=None):
     """Which candidates' loss became NaN or infinite, and what to do."""
     names = [
-        {n: getattr(candidates[i], n) for n in LOSS_WEIGHTS} for i in sorted(failed)
+        {n: getattr(candidates[i], n) for n in varying_params()} for i in sorted(failed)
     ]
     outcome = f"; {outcome}" if outcome else ""
     return (
@@ -380,7 +393,8 @@ class _StreamCandidates:
     def train_terms(self, x, labels, weights, scale, losses):
         """Each candidate's loss terms, its backward pass run; (K, n_terms).
 
-        ``losses`` is ``(n_batch, optional)``, as :func:`step_losses` takes them.
+        ``losses`` is ``(n_batch, loss)``: the rows before the second view
+        and the candidates' :class:`~skassoc._loss_terms.StepLoss`.
         """
         args = (x, labels, weights, scale, losses)
         if self.streams is None:
@@ -403,10 +417,8 @@ class _StreamCandidates:
         with autocast_context(self.device, self.precision):
             embeddings = model.embedder(x)
             logits = model.logits(embeddings[: labels.shape[0]])
-        n_batch, optional = losses
-        terms = step_losses(
-            embeddings, logits, labels, n_batch, weights[k], scale, optional
-        )
+        n_batch, loss = losses
+        terms = loss(embeddings, logits, labels, n_batch, weights[k], scale)
         terms[0].backward()
         return terms.detach()
 
@@ -444,10 +456,8 @@ class _VmapCandidates:
             logits = call(
                 self.template.logits, logit_layer, (embeddings[: labels.shape[0]],)
             )
-        n_batch, optional = losses
-        return step_losses(
-            embeddings, logits, labels, n_batch, weights, scale, optional
-        )
+        n_batch, loss = losses
+        return loss(embeddings, logits, labels, n_batch, weights, scale)
 
     def train_terms(self, x, labels, weights, scale, losses):
         """Each candidate's loss terms, the backward pass of their sum run;
@@ -481,12 +491,14 @@ class _StackedStep:
         self.config = config
         layout = step_batch_layout(config, device, candidates.models[0].embedder)
         self.memory_format, self.augment, self.augment_unlabeled = layout
-        self.optional_losses = optional_losses(config, batches)
-        self.loss_names = self.optional_losses.names
-        # (K, 3) loss weights, read on the device.
+        # The terms that any candidate turns on; a candidate weighs the
+        # others at 0.
+        terms = active_terms(*(c.loss_weights for c in configs))
+        self.loss = StepLoss(terms, class_frequencies(config, batches, terms))
+        self.loss_names = self.loss.names
+        # (K, n_terms) loss weights, read on the device.
         self.weights = torch.tensor(
-            [[c.walker_weight, c.visit_weight, c.logit_weight] for c in configs],
-            device=device,
+            [self.loss.weights(c.loss_weights) for c in configs], device=device
         )
         self.average = (
             WeightAverage(candidates.params, config.ema_decay)
@@ -516,7 +528,7 @@ class _StackedStep:
             self.batches.labels.shape[0],
             self.augment,
             self.augment_unlabeled,
-            self.optional_losses.consistency_weight > 0,
+            "second_view" in self.loss.needs,
         )
         batch = self.candidates.input_format(batch)
         return batch.contiguous(memory_format=self.memory_format), n_batch
@@ -525,7 +537,7 @@ class _StackedStep:
         x, n_batch = self.shared_batch()
         labels = self.batches.labels
         self.optimizer.zero_grad(set_to_none=True)
-        losses = n_batch, self.optional_losses
+        losses = n_batch, self.loss
         terms = self.candidates.train_terms(
             x, labels, self.weights, self.association_scale(), losses
         )

@@ -26,7 +26,7 @@ from ._augmentation import augmentation_module
 from ._best_weights import BestWeights
 from ._device import autocast_context, borrowed_streams, cuda_rng_lock, own_stream
 from ._ema import WeightAverage
-from ._losses import OptionalLosses, step_losses
+from ._loss_terms import ClassFrequencies, StepLoss, active_terms, needs_of
 from ._networks import weight_tensors
 from ._utils import user_stacklevel
 
@@ -55,9 +55,9 @@ class TrainingConfig:
     lr_decay_steps: int
     lr_schedule: str
     lr_warmup_steps: int
-    walker_weight: float
-    visit_weight: float
-    logit_weight: float
+    # Each registered loss term's weight, by its parameter's name (see
+    # skassoc._loss_terms); consistency_weight already resolved.
+    loss_weights: dict
     association_delay: int
     association_ramp_steps: int
     l2_scale: float
@@ -68,10 +68,8 @@ class TrainingConfig:
     log_interval: int
     verbose: int
     augmentation: dict | None = None
-    consistency_weight: float = 0.0
-    balance_weight: float = 0.0
     # Given class frequencies (None: the paper's visit loss, and the balance
-    # loss aims at the labels' shares); see optional_losses.
+    # loss aims at the labels' shares); see class_frequencies.
     class_prior: tuple | None = None
     ema_decay: float | None = None
     embedding_chunk_size: int | None = 4096
@@ -82,6 +80,12 @@ class TrainingConfig:
     early_stopping: bool = False
     n_iter_no_change: int = 10
     tol: float = 1e-4
+
+    @property
+    def second_view(self):
+        """Whether a loss term that is on embeds a second view of the
+        unlabeled batch (the consistency loss)."""
+        return "second_view" in needs_of(active_terms(self.loss_weights))
 
 
 @dataclass
@@ -127,27 +131,31 @@ def step_batch_layout(config, device, embedder):
     return memory_format, module.to(device), augments_unlabeled
 
 
-def optional_losses(config, batches):
-    """The step's :class:`~skassoc._losses.OptionalLosses`: the consistency and
-    balance losses of ``config``, and the visit loss's start weights.
+def class_frequencies(config, batches, terms=None):
+    """The :class:`~skassoc._loss_terms.ClassFrequencies` of a fit's steps.
 
     Given class frequencies (``config.class_prior``) are the balance loss's
     target and weigh the visit loss's walks; otherwise the balance loss
-    aims at each class's share of the labeled training samples.
+    aims at each class's share of the labeled training samples. The shares
+    and their running estimate are made only where one of ``terms`` (by
+    default those that ``config`` turns on) needs class frequencies.
     """
     labels = batches.labels
+    start_weights = visit_start_weights(config.class_prior, labels)
+    if terms is None:
+        terms = active_terms(config.loss_weights)
+    if "class_frequencies" not in needs_of(terms):
+        return ClassFrequencies(visit_start_weights=start_weights)
     if config.class_prior is None:
         shares = batches.sampler.class_shares().to(labels.device)
     else:
         shares = torch.tensor(config.class_prior, device=labels.device).float()
-    return OptionalLosses(
-        consistency_weight=config.consistency_weight,
-        balance_weight=config.balance_weight,
+    return ClassFrequencies(
         class_shares=shares,
         # The estimate starts at the shares: no pull before the walks say
         # where the classes' mass goes.
         class_mass=shares.clone(),
-        visit_start_weights=visit_start_weights(config.class_prior, labels),
+        visit_start_weights=start_weights,
     )
 
 
@@ -202,12 +210,20 @@ class _AssociationStep:
         self.device = device
         layout = step_batch_layout(config, device, model.embedder)
         self.memory_format, self.augment, self.augment_unlabeled = layout
+        terms = active_terms(config.loss_weights)
+        self.loss = StepLoss(terms, class_frequencies(config, batches, terms))
+        # Python floats: a captured graph holds them as constants.
+        self.weights = self.loss.weights(config.loss_weights)
+        self.loss_names = self.loss.names
         # The consistency loss embeds a second view of the unlabeled batch.
-        self.with_consistency = config.consistency_weight > 0
-        if self.with_consistency and config.augmentation is None:
+        self.second_view = "second_view" in self.loss.needs
+        if self.second_view and config.augmentation is None:
             # The estimator refuses this earlier, with advice; this guards
             # direct use of the training loop.
-            raise ValueError("consistency_weight > 0 needs an augmentation.")
+            raise ValueError(
+                "A loss term that needs a second view of the unlabeled batch "
+                "(consistency_weight > 0) needs an augmentation."
+            )
         self.params = list(model.parameters())
         has_batch_norm = any(
             isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
@@ -222,7 +238,7 @@ class _AssociationStep:
         if config.compile is not None:
             self.embed_batch = torch.compile(model.embed, **config.compile)
             n_unlabeled = batches.sampler.unlabeled_batch_size
-            n_views = 2 if self.with_consistency else 1
+            n_views = 2 if self.second_view else 1
             rows = batches.labels.shape[0] + n_views * n_unlabeled
             if self.chunk_size is not None and rows > self.chunk_size:
                 warnings.warn(
@@ -242,8 +258,6 @@ class _AssociationStep:
         )
         # Device-side counters, so neither the weight ramp nor the loss
         # bookkeeping needs the host.
-        self.optional_losses = optional_losses(config, batches)
-        self.loss_names = self.optional_losses.names
         self.step_count = torch.zeros((), device=device)
         self.loss_sum = torch.zeros(len(self.loss_names), device=device)
         self.first_nonfinite_step = torch.full((), -1.0, device=device)
@@ -282,7 +296,7 @@ class _AssociationStep:
         )
 
     def association_scale(self):
-        """Multiplier of the walker, visit and consistency losses."""
+        """Multiplier of the association loss terms (their delay and ramp)."""
         return association_scale(self.step_count, self.config)
 
     def use_average_weights(self):
@@ -311,20 +325,18 @@ class _AssociationStep:
             n_labeled,
             self.augment,
             self.augment_unlabeled,
-            self.with_consistency,
+            self.second_view,
         )
         with autocast_context(self.device, config.precision):
             embeddings = self.embed(batch)
             logits = self.model.logits(embeddings[:n_labeled])
-        weights = (config.walker_weight, config.visit_weight, config.logit_weight)
-        terms = step_losses(
+        terms = self.loss(
             embeddings,
             logits,
             labels,
             n_batch,
-            weights,
+            self.weights,
             self.association_scale(),
-            self.optional_losses,
             labeled_weights=self.batches.labeled_weights(),
         )
         self.optimizer.zero_grad(set_to_none=True)
@@ -764,7 +776,7 @@ def warn_if_labels_unlearned(result, n_classes, config):
     """
     losses = result.history.get("logit") or [math.nan]
     skip = result.n_iter < UNLEARNED_MIN_STEPS or result.best_step is not None
-    if skip or config.logit_weight == 0 or n_classes < 2:
+    if skip or config.loss_weights["logit_weight"] == 0 or n_classes < 2:
         return
     guess = math.log(n_classes)
     if losses[-1] >= UNLEARNED_LOSS_SHARE * guess:

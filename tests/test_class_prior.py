@@ -30,7 +30,7 @@ from skassoc._prior import (
     uniform_prior,
 )
 from skassoc._settings import fit_seed, resolve_fit_settings
-from skassoc._training import optional_losses, visit_start_weights
+from skassoc._training import class_frequencies, visit_start_weights
 
 
 def _posteriors(n_first, n_second, rng):
@@ -199,7 +199,7 @@ def test_given_frequencies_are_the_balance_losss_target(blobs_semi):
     inputs = validate_training_inputs(clf, X, y_semi)
     settings = resolve_fit_settings(clf, inputs)
     batches = make_batches(inputs, settings)
-    losses = optional_losses(settings.training, batches)
+    losses = class_frequencies(settings.training, batches)
     torch.testing.assert_close(losses.class_shares, torch.tensor([0.5, 0.3, 0.2]))
     torch.testing.assert_close(
         losses.visit_start_weights.sum().float(), torch.tensor(1.0)
@@ -207,7 +207,7 @@ def test_given_frequencies_are_the_balance_losss_target(blobs_semi):
     # Without them, the balance loss aims at the labels' shares.
     plain = _make(balance_weight=1.0)
     settings = resolve_fit_settings(plain, inputs)
-    losses = optional_losses(settings.training, batches)
+    losses = class_frequencies(settings.training, batches)
     counts = np.bincount(y_semi[y_semi >= 0]) / (y_semi >= 0).sum()
     torch.testing.assert_close(losses.class_shares, torch.tensor(counts).float())
     assert losses.visit_start_weights is None

@@ -31,7 +31,7 @@ from skassoc._params import (
     STACKED_VARYING,
 )
 from skassoc._settings import copied_settings, resolve_fit_settings
-from skassoc._stacked import LOSS_WEIGHTS, check_candidate_params
+from skassoc._stacked import check_candidate_params, varying_params
 from skassoc._training import TrainingConfig
 
 Classifier = SemiSupervisedAssociationClassifier
@@ -130,7 +130,7 @@ def test_rows_name_a_part_and_the_loss_weights_belong_to_the_losses():
 
 
 def test_stacked_candidates_vary_only_the_tables_varying_parameters():
-    assert LOSS_WEIGHTS == STACKED_VARYING
+    assert varying_params() == STACKED_VARYING
     assert STACKED_VARYING == ("walker_weight", "visit_weight", "logit_weight")
     assert check_candidate_params([{n: 0.5 for n in STACKED_VARYING}])
     shared = [n for n in NAMES if n not in STACKED_VARYING]
@@ -142,7 +142,10 @@ def test_stacked_candidates_vary_only_the_tables_varying_parameters():
 def test_copied_settings_are_training_fields():
     training_fields = {f.name for f in fields(TrainingConfig)}
     copied = [p.name for p in PARAMS if p.to_training is not None]
-    assert set(copied) <= training_fields
+    # The loss weights go into the dict loss_weights, the others to fields.
+    weights = {p.name for p in PARAMS if p.part == "losses"}
+    assert set(copied) - weights <= training_fields
+    assert not weights & training_fields
     # A training field named as a parameter is either copied from it or
     # resolved by resolve_fit_settings: never left at the field's default.
     resolved = {
@@ -151,7 +154,6 @@ def test_copied_settings_are_training_fields():
         "lr_warmup_steps",
         "l2_scale",
         "augmentation",
-        "consistency_weight",
         "precision",
         "cuda_graph",
         "class_prior",
@@ -185,12 +187,17 @@ def test_fit_settings_carry_every_copied_parameter():
     y = np.array([0, 1] * 3 + [-1] * 14)
     training = resolve_fit_settings(clf, validate_training_inputs(clf, X, y)).training
     kinds = {p.name: p.to_training for p in PARAMS}
+    weights = training.loss_weights
     for name, value in values.items():
-        copied = getattr(training, name)
+        copied = weights[name] if name in weights else getattr(training, name)
         assert copied == value, name
         if kinds[name] in (float, int, bool):
             assert type(copied) is kinds[name], name
-    assert copied_settings(clf) == {n: getattr(training, n) for n in values}
+    copied = copied_settings(clf)
+    assert copied.pop("loss_weights") == {
+        n: weights[n] for n in values if n.endswith("_weight")
+    }
+    assert copied == {n: getattr(training, n) for n in values if n not in weights}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
