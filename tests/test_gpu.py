@@ -232,8 +232,10 @@ def test_model_of_a_missing_gpu_unpickles_on_this_one(digit_images):
 def test_grid_search_with_parallel_fits_on_one_gpu(digit_images):
     X, y, _ = digit_images
     search = GridSearchCV(
+        # Fully labeled data, on purpose: the unlabeled batch is drawn from
+        # all samples.
         SemiSupervisedAssociationClassifier(
-            max_iter=100, device="cuda", random_state=0
+            max_iter=100, device="cuda", random_state=0, unlabeled_pool="all"
         ),
         {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]},
         cv=2,
@@ -278,7 +280,11 @@ def test_grid_search_in_threads_shares_one_gpu(digit_images):
     X, y, _ = digit_images
     grid = {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]}
     estimator = SemiSupervisedAssociationClassifier(
-        max_iter=200, device="cuda", random_state=0, precision="fp32"
+        max_iter=200,
+        device="cuda",
+        random_state=0,
+        precision="fp32",
+        unlabeled_pool="all",  # fully labeled data, on purpose
     )
     with joblib.parallel_backend("threading", n_jobs=4):
         threaded = GridSearchCV(estimator, grid, cv=2).fit(X, y)
