@@ -652,15 +652,38 @@ class _TrainingLog:
                 "inputs are on an extreme scale (for a custom network, scale "
                 "them first); lower learning_rate or rescale X."
             )
+        entry = {"step": completed, "learning_rate": float(learning_rate)}
+        entry.update(
+            zip(step.loss_names, (value / n_steps for value in sums), strict=True)
+        )
+        self._append(entry, logged_until=completed)
+        # Zeroed once the entry is in: the interrupt handler reads the losses
+        # of steps past ``logged_until`` again, and must not find zeros.
         step.loss_sum.zero_()
-        means = dict(zip(step.loss_names, (v / n_steps for v in sums), strict=True))
-        self.history["step"].append(completed)
-        self.history["learning_rate"].append(float(learning_rate))
-        for name, value in means.items():
-            self.history[name].append(value)
-        self.logged_until = completed
         self.progress.update(n_steps)
         self._show()
+
+    def _append(self, entry, logged_until=None):
+        """Append ``entry`` (a value per history list) whole, or not at all.
+
+        A KeyboardInterrupt between two appends would leave the lists of
+        unequal lengths, and one before ``logged_until`` is set would have the
+        interrupt handler of ``_train`` log the same steps a second time; so
+        an error anywhere in here takes back what was appended, and the
+        handler logs these steps again from the loss sums.
+        """
+        lengths = {name: len(self.history[name]) for name in entry}
+        previous = self.logged_until
+        try:
+            for name, value in entry.items():
+                self.history[name].append(value)
+            if logged_until is not None:
+                self.logged_until = logged_until
+        except BaseException:
+            for name, length in lengths.items():
+                del self.history[name][length:]
+            self.logged_until = previous
+            raise
 
     def validate(self, completed):
         """Score the weights the model would be fitted with after ``completed``.
@@ -674,12 +697,16 @@ class _TrainingLog:
             model.eval()
             try:
                 score = float(self.evaluate())
-                if self.best is not None:
-                    stop = self.best.update(score, completed)
+                # A Ctrl-C here would leave a half-made copy of the weights to
+                # be restored, or best weights whose score is not in the
+                # history: it is delivered once both are done.
+                with _sigint_held_back():
+                    if self.best is not None:
+                        stop = self.best.update(score, completed)
+                    entry = {"validation_step": completed, "validation_score": score}
+                    self._append(entry)
             finally:
                 model.train()
-        self.history["validation_step"].append(completed)
-        self.history["validation_score"].append(score)
         self._show()
         return stop
 

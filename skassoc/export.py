@@ -7,6 +7,7 @@ so that ONNX Runtime and other ONNX backends can serve the model.
 
 import copy
 import importlib.util
+import itertools
 import json
 import numbers
 import os
@@ -69,24 +70,34 @@ def _check_packages(dynamo):
         )
 
 
-def _export_arguments(dynamo, input_name, output_name, opset_version):
-    """Keyword arguments of torch.onnx.export for a dynamic batch size."""
-    kwargs = {
-        "input_names": [input_name],
-        "output_names": [output_name],
-        "opset_version": opset_version,
-        # The dynamo exporter prints its progress to stdout unless told not to.
-        "verbose": False,
-    }
+def _export_arguments(dynamo, opset_version):
+    """Keyword arguments of torch.onnx.export for a dynamic batch size.
+
+    The user's names are given to the graph's input and output after the
+    export (:func:`_name_input_and_output`): an exporter gives a name it is
+    asked for even where a value inside the graph has it already.
+    """
+    # The dynamo exporter prints its progress to stdout unless told not to.
+    kwargs = {"opset_version": opset_version, "verbose": False}
     if dynamo:
-        # One self-contained file (weights inside, not in a .data file).
+        # One self-contained file (weights inside, not in a .data file); the
+        # exporter names the input and output itself, uniquely.
         kwargs.update(
             dynamo=True,
             external_data=False,
             dynamic_shapes=({0: torch.export.Dim("batch")},),
         )
     else:
-        kwargs["dynamic_axes"] = {input_name: {0: "batch"}, output_name: {0: "batch"}}
+        # Names that the TorchScript exporter's own ("onnx::Gemm_0",
+        # "/model/Gemm_output_0", parameter names) never are.
+        kwargs.update(
+            input_names=["skassoc::input"],
+            output_names=["skassoc::output"],
+            dynamic_axes={
+                "skassoc::input": {0: "batch"},
+                "skassoc::output": {0: "batch"},
+            },
+        )
     return kwargs
 
 
@@ -138,15 +149,116 @@ def _check_estimator(estimator):
 
 def _check_names(input_name, output_name):
     """The graph's input and output need distinct, non-empty names (ONNX
-    Runtime refuses a graph without)."""
+    Runtime refuses a graph without) that ONNX can store (as UTF-8)."""
     for name, value in (("input_name", input_name), ("output_name", output_name)):
         check_scalar(value, name, str)
         if not value:
             raise ValueError(f"{name} must be a non-empty string, got ''.")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"{name} must be text that UTF-8 can encode (ONNX stores names "
+                f"as UTF-8); the character at index {error.start} of {value!r} "
+                f"cannot be ({error.reason}). Pass a name without it."
+            ) from None
     if input_name == output_name:
         raise ValueError(
             f"input_name and output_name must differ; both are {input_name!r}."
         )
+
+
+def _check_opset_version(opset_version):
+    """An integer opset that the installed onnx package knows, or None."""
+    import onnx
+
+    if opset_version is None:
+        return
+    if isinstance(opset_version, bool):
+        raise TypeError(
+            f"opset_version must be an int or None, not a bool ({opset_version})."
+        )
+    check_scalar(opset_version, "opset_version", numbers.Integral, min_val=1)
+    newest = onnx.defs.onnx_opset_version()
+    if opset_version > newest:
+        raise ValueError(
+            f"opset_version={opset_version} is beyond opset {newest}, the newest "
+            f"that onnx {onnx.__version__} knows; pass {newest} or lower, or None."
+        )
+
+
+def _value_names(graph):
+    """The names of all values of ``graph`` and of its subgraphs."""
+    names = {value.name for value in (*graph.input, *graph.output, *graph.value_info)}
+    names.update(tensor.name for tensor in graph.initializer)
+    names.update(sparse.values.name for sparse in graph.sparse_initializer)
+    for node in graph.node:
+        names.update(node.input, node.output)
+        for subgraph in _subgraphs(node):
+            names |= _value_names(subgraph)
+    # An omitted optional input of a node is named "".
+    names.discard("")
+    return names
+
+
+def _subgraphs(node):
+    """The graphs in ``node``'s attributes (the branches of an If, a Loop's
+    body), which may use the values of the graph around them by name."""
+    import onnx
+
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            yield attribute.g
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            yield from attribute.graphs
+
+
+def _rename_value(graph, old, new):
+    """Rename the value ``old`` of ``graph`` to ``new``, wherever it is
+    defined or used (its subgraphs included)."""
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.name == old:
+            value.name = new
+    for tensor in (
+        *graph.initializer,
+        *(sparse.values for sparse in graph.sparse_initializer),
+    ):
+        if tensor.name == old:
+            tensor.name = new
+    for annotation in graph.quantization_annotation:
+        if annotation.tensor_name == old:
+            annotation.tensor_name = new
+    for node in graph.node:
+        for names in (node.input, node.output):
+            for index, name in enumerate(names):
+                if name == old:
+                    names[index] = new
+        for subgraph in _subgraphs(node):
+            _rename_value(subgraph, old, new)
+
+
+def _name_input_and_output(model, input_name, output_name):
+    """Give the graph's input and output the names asked for.
+
+    A value inside the graph that has one of them already (a node's output
+    such as ``"div"``, a weight such as ``"model.embedder.layers.0.weight"``)
+    is renamed first, to a name the graph does not use: two values of one
+    name make a graph that ONNX Runtime refuses to load.
+    """
+    graph = model.graph
+    wanted = {input_name, output_name}
+    for value, name in ((graph.input[0], input_name), (graph.output[0], output_name)):
+        if value.name == name:
+            continue
+        taken = _value_names(graph)
+        if name in taken:
+            free = next(
+                f"{name}_{n}"
+                for n in itertools.count(1)
+                if f"{name}_{n}" not in taken | wanted
+            )
+            _rename_value(graph, name, free)
+        _rename_value(graph, value.name, name)
 
 
 def _check_opset(model, opset_version):
@@ -217,12 +329,19 @@ def export_onnx(
         ``(batch, channels, height, width)`` for images
         (``estimator.input_shape_``, also when ``fit`` took flat rows with
         ``input_shape``). Cast uint8 pixels to float32; do not rescale them.
+        Any text that UTF-8 can encode: where a value inside the graph
+        has the name already (a node's output such as ``"div"``, a weight
+        such as ``"model.embedder.layers.0.weight"``), that value is
+        renamed (``"div_1"``, ...), so that the graph stays valid.
     output_name : str, default="probabilities"
-        Name of the graph's output, float32 of shape ``(batch, n_classes)``.
+        Name of the graph's output, float32 of shape ``(batch, n_classes)``;
+        as ``input_name``, any text that UTF-8 can encode.
     opset_version : int, default=None
-        ONNX opset to target; None lets PyTorch choose. An opset that the
-        exporter cannot write this model in is refused (the graph's opset
-        is checked), not replaced by another.
+        ONNX opset to target, from 1 to the newest that the installed
+        ``onnx`` package knows (``onnx.defs.onnx_opset_version()``); None
+        lets PyTorch choose. An opset that the exporter cannot write this
+        model in is refused (the graph's opset is checked), not replaced by
+        another. A runtime may support fewer opsets than ``onnx`` knows.
 
     Returns
     -------
@@ -233,8 +352,9 @@ def export_onnx(
     ------
     TypeError
         If ``estimator`` is not a SemiSupervisedAssociationClassifier (the
-        message says what to pass for a pipeline or a search), or a name
-        is not a string.
+        message says what to pass for a pipeline or a search), a name
+        is not a string, or ``opset_version`` is not an integer (a bool is
+        not taken for one).
     sklearn.exceptions.NotFittedError
         If the estimator is not fitted.
     FileNotFoundError
@@ -248,7 +368,9 @@ def export_onnx(
         NumPy), if the estimator resizes images (``image_size``) and
         PyTorch is older than 2.5, if ``path`` exists and is not a regular
         file or a link (a directory, FIFO or device), if the names are
-        empty or equal, or if the exporter cannot write ``opset_version``.
+        empty, equal or not encodable as UTF-8 (a lone surrogate), if
+        ``opset_version`` is out of range, or if the exporter cannot
+        write it.
 
     Notes
     -----
@@ -296,19 +418,18 @@ def export_onnx(
     _check_estimator(estimator)
     check_is_fitted(estimator)
     _check_names(input_name, output_name)
-    if opset_version is not None:
-        check_scalar(opset_version, "opset_version", numbers.Integral, min_val=1)
     path_name = os.fsdecode(path)
     # Refused before the export, which takes a while, rather than after it.
     check_target(path_name, "ONNX files")
     dynamo = _uses_dynamo_exporter()
     _check_packages(dynamo)
+    _check_opset_version(opset_version)
     _check_exportable(estimator, dynamo)
     state = get_fitted_state(estimator)
     model = copy.deepcopy(state.model).to("cpu", torch.float32)
     model = model.to(memory_format=torch.contiguous_format)
     model = _Probabilities(model, state.class_prior).eval()
-    kwargs = _export_arguments(dynamo, input_name, output_name, opset_version)
+    kwargs = _export_arguments(dynamo, opset_version)
     try:
         graph = _export_to_memory(model, _example_input(estimator), kwargs)
     except Exception as error:
@@ -321,6 +442,7 @@ def export_onnx(
             "values of its input or leave PyTorch (NumPy, .item(), .tolist())."
         ) from error
     _check_opset(graph, opset_version)
+    _name_input_and_output(graph, input_name, output_name)
     _add_classes(graph, state.classes)
     data = graph.SerializeToString()
     write_atomically(path_name, lambda handle: handle.write(data), "ONNX files")

@@ -722,6 +722,87 @@ def test_sigint_during_a_block_is_delivered_when_it_ends():
     assert signal.getsignal(signal.SIGINT) is handler
 
 
+def _fit_interrupted_at_line(clf, X, y, code, line):
+    """Fit ``clf``, raising KeyboardInterrupt the first time ``code`` runs
+    ``line``; whether it was reached."""
+    reached = []
+
+    def at_line(frame, event, arg):
+        if event == "line" and frame.f_lineno == line:
+            sys.settrace(previous)
+            frame.f_trace = None
+            reached.append(line)
+            raise KeyboardInterrupt
+        return at_line
+
+    def on_call(frame, event, arg):
+        return at_line if frame.f_code is code else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        clf.fit(X, y, X_val=X[:30], y_val=y[:30])
+    except KeyboardInterrupt:
+        assert reached
+    finally:
+        sys.settrace(previous)
+    return bool(reached)
+
+
+def _assert_whole_history(clf):
+    history = clf.history_
+    losses = {k: v for k, v in history.items() if not k.startswith("validation")}
+    assert len({len(v) for v in losses.values()}) == 1, losses
+    assert len(history["validation_step"]) == len(history["validation_score"])
+    for steps in (history["step"], history["validation_step"]):
+        assert steps == sorted(set(steps)), history
+    assert history["step"][-1] == clf.n_iter_, history
+    assert all(value > 0 for value in history["total"]), history
+
+
+@pytest.mark.parametrize("method", ["read_losses", "_append", "validate"])
+def test_keyboard_interrupt_at_any_line_of_logging_keeps_history_whole(
+    labeled_params, blobs, method
+):
+    """An interrupt while the history is written leaves every entry whole,
+    once: no step twice (with zero losses), no lists of unequal lengths."""
+    X, y = blobs
+    code = getattr(skassoc._training._TrainingLog, method).__code__
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None})
+    reached = 0
+    for line in lines:
+        clf = make_clf(labeled_params, max_iter=10, validation_interval=5)
+        if _fit_interrupted_at_line(clf, X, y, code, line):
+            reached += 1
+            _assert_whole_history(clf)
+    # All but the lines of error handling and early returns.
+    assert reached >= len(lines) // 2
+
+
+def test_keyboard_interrupt_during_validation_keeps_best_weights_and_score(
+    labeled_params, blobs, monkeypatch
+):
+    """A Ctrl-C that comes while the best weights are kept is delivered once
+    their score is in the history."""
+    X, y = blobs
+    original = skassoc._training.BestWeights.update
+
+    def update_then_interrupt(self, score, step):
+        stop = original(self, score, step)
+        signal.raise_signal(signal.SIGINT)
+        return stop
+
+    monkeypatch.setattr(skassoc._training.BestWeights, "update", update_then_interrupt)
+    clf = make_clf(
+        labeled_params, max_iter=10, validation_interval=5, early_stopping=True
+    )
+    with pytest.raises(KeyboardInterrupt, match=r"best-scoring weights \(step 5\)"):
+        clf.fit(X, y, X_val=X[:30], y_val=y[:30])
+    assert clf.history_["validation_step"] == [5]
+    assert clf.best_validation_score_ == clf.history_["validation_score"][0]
+    _assert_whole_history(clf)
+
+
 def test_a_half_imported_torch_dynamo_gives_a_clear_error(monkeypatch):
     def half_imported(name):
         raise AttributeError("module 'sympy' has no attribute 'printing'")
