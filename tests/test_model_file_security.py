@@ -9,8 +9,10 @@ what a model file may set.
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
+import re
 import signal
 import struct
 import subprocess
@@ -36,6 +38,11 @@ from skassoc._io._limits import MAX_BATCH, MAX_HEADER_BYTES, MAX_STEPS
 from skassoc._io._refit_cost import refit_cost_problem
 from skassoc._model import ModelSpec
 from skassoc._settings import step_memory_bytes
+
+try:  # POSIX: save's clean-up of crashed saves needs file locks.
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -177,6 +184,10 @@ def test_device_is_never_taken_from_a_file(saved, tmp_path):
         ("precision", "fp8"),
         ("warm_start", "yes"),
         ("ema_decay", 2.0),
+        # Two weights of one label (0 and 0.0 are one dict key): one would
+        # silently be dropped.
+        ("class_weight", [[0, 1.0], [0.0, 2.0]]),
+        ("class_weight", [["a", 1.0], ["a", 1.0]]),
     ],
 )
 def test_parameters_outside_their_domain_are_refused(saved, tmp_path, name, value):
@@ -246,16 +257,44 @@ def test_network_descriptions_are_checked_before_building(
     refused(path, match)
 
 
+TEN = list(range(10))  # the saved model's classes
+
+
 @pytest.mark.parametrize(
     "classes, match",
     [
-        ({"dtype": "<U100000", "values": ["a", "b"]}, "implausibly wide"),
-        ({"dtype": "<i8", "values": list(range(100_000))}, "bad classes values"),
-        ({"dtype": "<i8", "values": [1, 1, 2, 3, 4, 5, 6, 7, 8, 9]}, "do not fit"),
-        ({"dtype": "|O", "values": [1, "a"]}, "bad classes values"),
-        ({"dtype": "V8", "values": [1, 2]}, "unsupported classes dtype"),
-        ({"dtype": "<i8", "values": list(range(11))}, "do not fit the network"),
-        ({"dtype": "not a dtype", "values": [1, 2]}, "classes dtype"),
+        (
+            {"dtype": "<U100000", "values": [str(i) for i in TEN]},
+            "not 1 to 1024 characters wide",
+        ),
+        (
+            {"dtype": "<U" + "9" * 5000, "values": [str(i) for i in TEN]},
+            "not 1 to 1024 characters wide",
+        ),
+        ({"dtype": "<i8", "values": list(range(100_000))}, "100000 classes; a model"),
+        ({"dtype": "<i8", "values": [1, 1, 2, 3, 4, 5, 6, 7, 8, 9]}, "distinct"),
+        ({"dtype": "<U0", "values": [str(i) for i in TEN]}, "not 1 to 1024"),
+        ({"dtype": "|O", "values": [1, *"abcdefghi"]}, "bad classes values"),
+        ({"dtype": "V8", "values": TEN}, "unsupported classes dtype"),
+        ({"dtype": "<i8", "values": list(range(11))}, "11 classes, a logit layer"),
+        ({"dtype": "not a dtype", "values": TEN}, "unsupported classes dtype"),
+        # What fit never makes: unsorted labels (a warm start would match
+        # new labels against them wrongly), the unlabeled marker, NaN.
+        ({"dtype": "<i8", "values": TEN[::-1]}, "not sorted"),
+        ({"dtype": "<U1", "values": [*"bacdefghij"]}, "not sorted"),
+        ({"dtype": "<i8", "values": list(range(-1, 9))}, "hold -1"),
+        ({"dtype": "<f8", "values": [-1.0, *map(float, range(9))]}, "hold -1"),
+        ({"dtype": "<U2", "values": ["-1", *"abcdefghi"]}, "hold -1"),
+        ({"dtype": "|O", "values": ["-1", *"abcdefghi"]}, "hold -1"),
+        ({"dtype": "<f8", "values": [*map(float, range(9)), math.nan]}, "bad"),
+        ({"dtype": "<f8", "values": [*map(float, range(9)), math.inf]}, "bad"),
+        ({"dtype": "<f8", "values": [-0.0, *map(float, range(9))]}, "distinct"),
+        # Dtypes that save never writes.
+        ({"dtype": ">i8", "values": TEN}, "unsupported classes dtype"),
+        ({"dtype": "<f16", "values": [float(i) for i in TEN]}, "unsupported"),
+        ({"dtype": "<U1[2]", "values": [*"abcdefghij"]}, "unsupported"),
+        ({"dtype": "<M8[ns]", "values": TEN}, "unsupported classes dtype"),
+        ({"dtype": "=i8", "values": TEN}, "unsupported classes dtype"),
     ],
 )
 def test_classes_are_checked(saved, tmp_path, classes, match):
@@ -264,6 +303,32 @@ def test_classes_are_checked(saved, tmp_path, classes, match):
         tmp_path / "m.skassoc", {**metadata, "classes": classes}, weights
     )
     refused(path, match)
+
+
+def wide_classes(n_classes=2**16, width=1024):
+    """``n_classes`` short labels declared in a string dtype of ``width``."""
+    return {"dtype": f"<U{width}", "values": [f"{i:05x}" for i in range(n_classes)]}
+
+
+def test_the_classes_are_counted_before_an_array_is_built(saved, tmp_path):
+    # 65,536 labels of a 1,024-character dtype: 256 MiB as an array, from
+    # half a MiB of file. The logit layer says how many classes there are.
+    _, _, metadata, weights = saved
+    path = write_archive(
+        tmp_path / "m.skassoc", {**metadata, "classes": wide_classes()}, weights
+    )
+    refused(path, "65536 classes, a logit layer of 10")
+    # A header that agrees (its data is never read): the labels' total
+    # width is bounded.
+    (size,) = struct.unpack("<Q", weights[:8])
+    header = json.loads(weights[8 : 8 + size])
+    header["logits.bias"]["shape"] = [2**16]
+    path = write_archive(
+        tmp_path / "m.skassoc",
+        {**metadata, "classes": wide_classes()},
+        safetensors_bytes(header, weights[8 + size :]),
+    )
+    refused(path, "65536 classes of dtype <U1024 exceed the 1048576 characters")
 
 
 def test_a_deflate_bomb_in_the_weights_is_refused(saved, tmp_path):
@@ -422,6 +487,12 @@ def test_a_checksum_mismatch_is_refused(saved, tmp_path):
         (lambda m: [m], "not a JSON object"),
         (lambda m: {**m, "feature_names_in": ["a"]}, "feature_names_in"),
         (lambda m: {**m, "n_iter": -1}, "n_iter"),
+        (lambda m: {**m, "n_iter": 10**300}, "n_iter 1000.* is outside 0 to"),
+        (lambda m: {**m, "n_iter": MAX_STEPS + 1}, "n_iter .* is outside 0 to"),
+        (
+            lambda m: {**m, "feature_names_in": ["a"] * m["network"]["n_features"]},
+            "feature_names_in holds a name twice",
+        ),
         (lambda m: {**m, "history": {"total": ["x"]}}, "history"),
         (lambda m: {**m, "format": "pickle"}, "format"),
     ],
@@ -476,6 +547,92 @@ def test_save_into_a_missing_folder_names_the_folder(saved, tmp_path):
     target = tmp_path / "no such folder" / "model.skassoc"
     with pytest.raises(FileNotFoundError, match="its folder .* does not exist"):
         saved[0].save(target)
+
+
+def test_save_says_what_is_wrong_with_a_path_that_names_no_file(saved, tmp_path):
+    # Not an error about the temporary file beside the target.
+    clf = saved[0]
+    with pytest.raises(ValueError, match="The path is empty"):
+        clf.save("")
+    for folder in [tmp_path / "missing", tmp_path]:
+        with pytest.raises(ValueError, match="ends with a path separator"):
+            clf.save(f"{folder}{os.sep}")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/status"), reason="needs Linux's /proc"
+)
+def test_load_of_a_file_that_cannot_seek_is_refused_clearly():
+    # /proc's files say they are regular files but cannot seek from the end.
+    refused("/proc/self/status", "cannot be read as a file of known size")
+
+
+@pytest.mark.parametrize("length", [231, 255])
+def test_names_as_long_as_the_file_system_allows_are_saved(saved, tmp_path, length):
+    if os.pathconf(tmp_path, "PC_NAME_MAX") < length:
+        pytest.skip("the file system allows shorter names")
+    target = tmp_path / ("m" * length)
+    saved[0].save(target)
+    saved[0].save(target)
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+    SemiSupervisedAssociationClassifier.load(target, device="cpu")
+
+
+@pytest.mark.skipif(fcntl is None, reason="needs POSIX file locks")
+@pytest.mark.parametrize("length", [8, 250])
+def test_a_crashed_saves_temporary_is_removed_whatever_the_names_length(
+    saved, tmp_path, monkeypatch, length
+):
+    target = tmp_path / ("m" * length)
+
+    def dying_replace(source, destination):
+        # As a save that died before its rename: its temporary file, under
+        # another random part and without a lock.
+        folder, name = os.path.split(source)
+        stem, token, suffix = re.fullmatch(r"(.*)\.([0-9a-f]{12})(\..*)", name).groups()
+        other = "0123456789ab" if token != "0123456789ab" else "ba9876543210"
+        with open(os.path.join(folder, f"{stem}.{other}{suffix}"), "wb") as copy:
+            copy.write(b"half a model")
+        raise OSError("the disk is full")
+
+    monkeypatch.setattr(os, "replace", dying_replace)
+    with pytest.raises(OSError, match="disk is full"):
+        saved[0].save(target)
+    monkeypatch.undo()
+    assert len(list(tmp_path.iterdir())) == 1
+    saved[0].save(target)
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+@pytest.mark.skipif(fcntl is None, reason="needs POSIX file locks")
+def test_the_clean_up_takes_only_this_targets_temporary_files(saved, tmp_path):
+    kept = [
+        "m.x.abcdefabcdef.skassoc-tmp",  # target m.x's
+        "m.notes.skassoc-tmp",
+        "m.0123456789AB.skassoc-tmp",
+        "m.0123456789abc.skassoc-tmp",
+        "m.0123456789ab.skassoc-tmp.bak",
+    ]
+    for name in kept:
+        (tmp_path / name).write_text("not a temporary file of m")
+    (tmp_path / "m.0123456789ab.skassoc-tmp").write_text("a crashed save's")
+    # A FIFO of a temporary file's name is left alone, not opened (which
+    # would wait for a writer).
+    os.mkfifo(tmp_path / "m.ba9876543210.skassoc-tmp")
+    previous = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.alarm(30)
+    try:
+        saved[0].save(tmp_path / "m")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    remaining = sorted(p.name for p in tmp_path.iterdir())
+    assert remaining == sorted([*kept, "m", "m.ba9876543210.skassoc-tmp"])
+
+
+def _raise_timeout(signum, frame):
+    raise TimeoutError("save blocked")
 
 
 def test_save_replaces_a_symlink_and_leaves_its_target(saved, tmp_path):
@@ -576,10 +733,16 @@ _MEASURE = textwrap.dedent(
 
 
 def legacy_archive(path, metadata, state):
-    """A model file of format 2 (skassoc 0.1): the weights by torch.save."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    weights = buffer.getvalue()
+    """A model file of format 2 (skassoc 0.1): the weights by torch.save.
+
+    ``state`` is a state dict, or the bytes of a torch.save archive.
+    """
+    if isinstance(state, bytes):
+        weights = state
+    else:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        weights = buffer.getvalue()
     metadata = {key: value for key, value in metadata.items() if key != "output_config"}
     metadata.update(
         format_version=2, weights_sha256=hashlib.sha256(weights).hexdigest()
@@ -624,6 +787,9 @@ def test_hostile_files_use_memory_of_the_order_of_their_size(saved, tmp_path):
             tmp_path / "c.skassoc",
             {**metadata, "classes": {"dtype": "<U10000000", "values": ["a", "b"]}},
             weights,
+        ),
+        "many_wide_classes": write_archive(
+            tmp_path / "c2.skassoc", {**metadata, "classes": wide_classes()}, weights
         ),
         "metadata_bomb": write_archive(
             tmp_path / "d.skassoc", {**metadata, "pad": " " * (256 * 2**20)}, weights
@@ -744,6 +910,106 @@ def test_header_attacks_are_refused(saved, tmp_path):
         path = write_archive(tmp_path / "m.skassoc", metadata, evil)
         with pytest.raises(ValueError, match=match):
             SemiSupervisedAssociationClassifier.load(path, device="cpu")
+
+
+def test_a_long_shape_in_the_header_is_quoted_short(saved, tmp_path):
+    _, _, metadata, weights = saved
+    path = write_archive(
+        tmp_path / "m.skassoc", metadata, huge_header(weights, shape=[7] * 100_000)
+    )
+    with pytest.raises(ValueError, match="do not fit") as error:
+        SemiSupervisedAssociationClassifier.load(path, device="cpu")
+    assert len(str(error.value)) < 600
+
+
+# ------------------------------------------------- pickles of formats 1 and 2
+
+
+def _binunicode(text):
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def _state_dict_pickle(shape, stride):
+    """A torch.save pickle of ``{"logits.bias": tensor}``, by hand.
+
+    ``shape`` and ``stride`` are the pickle opcodes of the two tuples, so
+    that a size can be stored once and repeated through the memo.
+    """
+    storage = (
+        b"(" + _binunicode("storage") + b"ctorch\nFloatStorage\n"
+        + _binunicode("0") + _binunicode("cpu") + b"K\x00tQ"
+    )  # fmt: skip
+    return (
+        b"\x80\x02}" + _binunicode("logits.bias")
+        + b"ctorch._utils\n_rebuild_tensor_v2\n(" + storage + b"K\x00"
+        + shape + stride
+        + b"\x89ccollections\nOrderedDict\n)RtRs."
+    )  # fmt: skip
+
+
+def _torch_archive(pickle_bytes):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", pickle_bytes)
+        archive.writestr("archive/byteorder", b"little")
+        archive.writestr("archive/data/0", b"")
+        archive.writestr("archive/version", b"3\n")
+    return buffer.getvalue()
+
+
+def test_a_shape_of_many_huge_sizes_is_refused_before_any_arithmetic(saved, tmp_path):
+    # Two thousand sizes of 2,000 bits then a 0: their product would be 0
+    # after quadratic work, and each of them was quoted in the message.
+    _, _, metadata, _ = saved
+    huge = b"\x8a\xff" + b"\xff" * 254 + b"\x7f"  # LONG1, 255 bytes
+    n = 2000
+    shape = b"(" + huge + b"q\x00" + b"h\x00" * (n - 1) + b"K\x00t"
+    stride = b"(K\x01q\x01" + b"h\x01" * n + b"t"
+    weights = _torch_archive(_state_dict_pickle(shape, stride))
+    old = legacy_archive(tmp_path / "old.skassoc", metadata, weights)
+    with pytest.raises(ValueError, match="2001 dimensions or sizes out of") as error:
+        convert_model_file(old, tmp_path / "new.skassoc")
+    assert len(str(error.value)) < 600
+    assert not (tmp_path / "new.skassoc").exists()
+
+
+@pytest.mark.parametrize(
+    "shape, stride, match",
+    [
+        # A size beyond any network's, in few dimensions.
+        (b"(\x8a\x06\x00\x00\x00\x00\x00\x01t", b"(K\x01t", "out of bounds"),
+        # Nine dimensions, each of size 1: no network's tensor has as many.
+        (b"(" + b"K\x01" * 9 + b"t", b"(" + b"K\x01" * 9 + b"t", "9 dimensions"),
+        # Few small sizes, but none of the network's shapes.
+        (b"(K\x03K\x00t", b"(K\x01K\x01t", "shape \\(3, 0\\) is none of"),
+    ],
+    ids=["huge size", "nine dimensions", "empty"],
+)
+def test_legacy_shapes_are_bounded_and_matched_to_the_network(
+    saved, tmp_path, shape, stride, match
+):
+    _, _, metadata, _ = saved
+    weights = _torch_archive(_state_dict_pickle(shape, stride))
+    old = legacy_archive(tmp_path / "old.skassoc", metadata, weights)
+    with pytest.raises(ValueError, match=match):
+        convert_model_file(old, tmp_path / "new.skassoc")
+
+
+def test_an_empty_legacy_tensor_needs_the_strides_of_a_contiguous_one():
+    from skassoc._io._legacy import LegacyWeightsError, read_records
+
+    expected = {"logits.bias": ((0, 5), torch.float32)}
+    buffer = io.BytesIO()
+    torch.save({"logits.bias": torch.empty(0, 5)}, buffer)
+    records = read_records(buffer.getvalue(), expected)
+    assert records["logits.bias"].shape == (0, 5)
+    # Strides (7, 3) lay out no contiguous tensor, empty or not.
+    strided = torch.empty(0).as_strided((0, 5), (7, 3))
+    buffer = io.BytesIO()
+    torch.save({"logits.bias": strided}, buffer)
+    with pytest.raises(LegacyWeightsError, match="a view"):
+        read_records(buffer.getvalue(), expected)
 
 
 # --------------------------------------------- what a refit may cost the user

@@ -317,6 +317,24 @@ def test_a_crashed_exports_temporary_is_removed_and_a_live_one_kept(tiny_clf, tm
     assert _classes_of(path) == [0, 1, 2]
 
 
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_an_export_keeps_the_permissions_of_the_file_it_replaces(tiny_clf, tmp_path):
+    # A private model stays private when it is exported again.
+    path = tmp_path / "private.onnx"
+    path.write_bytes(b"an older export")
+    path.chmod(0o600)
+    previous = os.umask(0o022)
+    try:
+        export_onnx(tiny_clf, path)
+        # A new file gets the process's default (its umask).
+        export_onnx(tiny_clf, tmp_path / "new.onnx")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "new.onnx").stat().st_mode) == 0o644
+    assert _classes_of(path) == [0, 1, 2]
+
+
 def test_an_opset_the_exporter_cannot_write_is_refused(tiny_clf, tmp_path):
     path = tmp_path / "model.onnx"
     with pytest.raises(ValueError, match="cannot write this model in opset 7"):
@@ -334,6 +352,8 @@ def test_an_opset_the_exporter_cannot_write_is_refused(tiny_clf, tmp_path):
         (("", "p"), "input_name must be a non-empty string"),
         (("x", ""), "output_name must be a non-empty string"),
         ((3, "p"), "input_name must be an instance of str"),
+        (("\ud800", "p"), "input_name must be text that UTF-8 can encode"),
+        (("x", "ab\udfff"), "output_name .*character at index 2"),
     ],
 )
 def test_names_the_runtime_would_refuse_are_refused(tiny_clf, tmp_path, names, message):
@@ -342,6 +362,98 @@ def test_names_the_runtime_would_refuse_are_refused(tiny_clf, tmp_path, names, m
     with pytest.raises((TypeError, ValueError), match=message):
         export_onnx(tiny_clf, path, input_name=input_name, output_name=output_name)
     assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    "opset, error, message",
+    [(True, TypeError, "not a bool"), (10**20, ValueError, "beyond opset")],
+)
+def test_an_opset_that_is_no_opset_is_refused_before_the_export(
+    tiny_clf, tmp_path, monkeypatch, opset, error, message
+):
+    def exported(*args, **kwargs):
+        raise AssertionError("exported before opset_version was checked")
+
+    monkeypatch.setattr(export_module, "_export_to_memory", exported)
+    with pytest.raises(error, match=message):
+        export_onnx(tiny_clf, tmp_path / "model.onnx", opset_version=opset)
+
+
+def test_names_that_values_inside_the_graph_have_can_be_given(
+    tiny_clf, blobs_semi, tmp_path
+):
+    """A node's output or a weight that has the name asked for is renamed;
+    ONNX Runtime loads the graph and computes the same probabilities."""
+    X, _ = blobs_semi
+    default = export_onnx(tiny_clf, tmp_path / "default.onnx")
+    graph = onnx.load(default).graph
+    node_output, weight = graph.node[0].output[0], graph.initializer[0].name
+    expected = _run(default, X)
+    for input_name, output_name in [(node_output, weight), (weight, node_output)]:
+        path = export_onnx(
+            tiny_clf,
+            tmp_path / "m.onnx",
+            input_name=input_name,
+            output_name=output_name,
+        )
+        graph = onnx.load(path).graph
+        assert [value.name for value in graph.input] == [input_name]
+        assert [value.name for value in graph.output] == [output_name]
+        np.testing.assert_array_equal(_run(path, X, input_name), expected)
+
+
+def _graph_with_subgraphs():
+    """input x -> div = x / two -> If(cond): div, else -div -> output out;
+    the If's branches use ``div`` of the graph around them."""
+    helper, FLOAT = onnx.helper, onnx.TensorProto.FLOAT
+
+    def branch(name, op):
+        outputs = [helper.make_tensor_value_info(name, FLOAT, None)]
+        return helper.make_graph(
+            [helper.make_node(op, ["div"], [name])], name, [], outputs
+        )
+
+    nodes = [
+        helper.make_node("Div", ["x", "two"], ["div"]),
+        helper.make_node(
+            "If",
+            ["cond"],
+            ["out"],
+            then_branch=branch("then_out", "Identity"),
+            else_branch=branch("else_out", "Neg"),
+        ),
+    ]
+    constants = [
+        helper.make_tensor("two", FLOAT, [], [2.0]),
+        helper.make_tensor("cond", onnx.TensorProto.BOOL, [], [True]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("out", FLOAT, [None, 2])],
+        initializer=constants,
+    )
+    opsets = [helper.make_opsetid("", 17)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize(
+    "input_name, output_name",
+    [("div", "then_out"), ("out", "x"), ("two", "cond"), ("else_out", "div_1")],
+)
+def test_renamed_values_are_renamed_in_subgraphs_too(input_name, output_name):
+    model = _graph_with_subgraphs()
+    export_module._name_input_and_output(model, input_name, output_name)
+    onnx.checker.check_model(model)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    assert [value.name for value in session.get_inputs()] == [input_name]
+    assert [value.name for value in session.get_outputs()] == [output_name]
+    x = np.array([[1.0, -3.0]], dtype=np.float32)
+    (out,) = session.run(None, {input_name: x})
+    np.testing.assert_array_equal(out, x / 2)
 
 
 def test_pipelines_and_searches_are_refused_with_what_to_pass(

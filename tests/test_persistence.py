@@ -4,8 +4,10 @@ import copy
 import hashlib
 import io
 import json
+import os
 import pathlib
 import pickle
+import stat
 import tempfile
 import threading
 import zipfile
@@ -20,6 +22,7 @@ from torch import nn
 
 import skassoc
 import skassoc._io._limits
+import skassoc._io._metadata
 import skassoc._io._model_file
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._io._format import (
@@ -501,9 +504,9 @@ def _state(estimator):
             "names .*exec",
         ),
         (
-            # A stride-0 view: one stored float claiming 5e8 of them.
+            # A stride-0 view: one stored float claiming all of them.
             lambda s: s.update(
-                {"logits.weight": torch.zeros(1).expand(10**4, 5 * 10**4)}
+                {"logits.weight": torch.zeros(1).expand(s["logits.weight"].shape)}
             ),
             "a view",
         ),
@@ -512,7 +515,10 @@ def _state(estimator):
             "a view",
         ),
         (
-            lambda s: s.update({"logits.weight": s["logits.weight"].t()}),
+            # The network's shape, laid out column by column.
+            lambda s: s.update(
+                {"logits.weight": s["logits.weight"].t().contiguous().t()}
+            ),
             "a view",
         ),
         (
@@ -549,6 +555,23 @@ def test_convert_refuses_what_is_not_a_plain_state_dict(
         skassoc.convert_model_file(old, new)
     assert not new.exists()
     assert not MARKER.exists()
+
+
+def test_convert_reads_big_endian_labels_of_older_files(fitted_mlp, digits, tmp_path):
+    # Earlier skassoc wrote the labels' dtype as fit gave it; save writes
+    # little-endian today, and load takes nothing else.
+    old = legacy_file(tmp_path / "old.skassoc", fitted_mlp, 2)
+    metadata, weights = read_members(old, LEGACY_WEIGHTS_MEMBER)
+    metadata["classes"]["dtype"] = ">i8"
+    with zipfile.ZipFile(old, "w") as archive:
+        archive.writestr(METADATA_MEMBER, json.dumps(metadata))
+        archive.writestr(LEGACY_WEIGHTS_MEMBER, weights)
+    skassoc.convert_model_file(old, tmp_path / "new.skassoc")
+    loaded = load_model(tmp_path / "new.skassoc", device="cpu")
+    assert loaded.classes_.dtype == np.dtype("<i8")
+    np.testing.assert_array_equal(
+        loaded.predict(digits[0]), fitted_mlp.predict(digits[0])
+    )
 
 
 def test_convert_checks_the_checksum_and_todays_limits(fitted_mlp, tmp_path):
@@ -827,6 +850,75 @@ def test_short_labels_of_a_wide_string_dtype_round_trip(fitted_mlp, digits, tmp_
     np.testing.assert_array_equal(loaded.predict(X), clf.predict(X))
 
 
+def test_string_classes_keep_the_width_fit_gave_them(digits, tmp_path):
+    # "-1" marks the unlabeled samples: fit's np.unique keeps its width.
+    X, y = digits
+    keep = y < 3
+    letters = np.array(["a", "b", "c"])
+    y_str = np.where(y[keep] >= 0, letters[np.maximum(y[keep], 0)], "-1")
+    clf = small_classifier(max_iter=3).fit(X[keep], y_str)
+    assert clf.classes_.dtype == np.dtype("<U2")
+    path = tmp_path / "letters.skassoc"
+    save_model(clf, path)
+    loaded = load_model(path, device="cpu")
+    assert loaded.classes_.dtype == clf.classes_.dtype
+    assert loaded.predict(X[keep]).dtype == clf.predict(X[keep]).dtype
+    np.testing.assert_array_equal(loaded.predict(X[keep]), clf.predict(X[keep]))
+
+
+def test_string_classes_over_the_total_limit_are_narrowed_then_refused(
+    fitted_mlp, tmp_path, monkeypatch
+):
+    clf = copy.deepcopy(fitted_mlp)
+    clf.classes_ = np.array([f"d{i}" for i in range(10)], dtype="<U8")
+    # 10 labels x 8 characters are over this limit, x 2 (the longest) within.
+    monkeypatch.setattr(skassoc._io._metadata, "MAX_LABEL_ARRAY_CHARS", 30)
+    save_model(clf, tmp_path / "narrowed.skassoc")
+    loaded = load_model(tmp_path / "narrowed.skassoc", device="cpu")
+    assert loaded.classes_.dtype == np.dtype("<U2")
+    np.testing.assert_array_equal(loaded.classes_, clf.classes_)
+    monkeypatch.setattr(skassoc._io._metadata, "MAX_LABEL_ARRAY_CHARS", 15)
+    with pytest.raises(ValueError, match="10 string classes of up to 2 characters"):
+        save_model(clf, tmp_path / "refused.skassoc")
+    assert not (tmp_path / "refused.skassoc").exists()
+
+
+def test_big_endian_labels_are_saved_little_endian(digits, tmp_path):
+    X, y = digits
+    keep = y < 3
+    clf = small_classifier(max_iter=3).fit(X[keep], y[keep].astype(">i8"))
+    assert clf.classes_.dtype == np.dtype(">i8")
+    path = tmp_path / "big_endian.skassoc"
+    save_model(clf, path)
+    assert read_members(path)[0]["classes"]["dtype"] == "<i8"
+    loaded = load_model(path, device="cpu")
+    assert loaded.classes_.dtype == np.dtype("<i8")
+    np.testing.assert_array_equal(loaded.classes_, clf.classes_)
+    np.testing.assert_array_equal(loaded.predict(X), clf.predict(X))
+
+
+@pytest.mark.skipif(
+    np.dtype(np.longdouble).itemsize == 8, reason="long double is float64 here"
+)
+def test_long_double_labels_are_refused_before_writing(fitted_mlp, tmp_path):
+    # Their size depends on the platform: a file holds float64 at most.
+    clf = copy.deepcopy(fitted_mlp)
+    clf.classes_ = np.arange(10, dtype=np.longdouble)
+    with pytest.raises(ValueError, match="Cannot save classes_ of dtype"):
+        save_model(clf, tmp_path / "long.skassoc")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_more_steps_than_a_file_records_are_refused_before_writing(
+    fitted_mlp, tmp_path
+):
+    clf = copy.deepcopy(fitted_mlp)
+    clf.n_iter_ = skassoc._io._limits.MAX_STEPS + 1
+    with pytest.raises(ValueError, match="records at most 100000"):
+        save_model(clf, tmp_path / "long.skassoc")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("kind", ["unicode", "object"])
 def test_labels_over_the_length_limit_are_refused_before_writing(
     fitted_mlp, tmp_path, kind
@@ -880,6 +972,25 @@ def test_a_bad_output_config_is_refused(saved, value):
     write_members(saved, metadata, weights)
     with pytest.raises(ValueError, match=f"{INVALID}: bad output_config"):
         load_model(saved, device="cpu")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+@pytest.mark.parametrize("mode", [0o600, 0o660])
+def test_save_keeps_the_permissions_of_the_file_it_replaces(fitted_mlp, tmp_path, mode):
+    # A private model stays private when it is saved again.
+    path = tmp_path / "private.skassoc"
+    path.write_bytes(b"an older model")
+    path.chmod(mode)
+    previous = os.umask(0o022)
+    try:
+        save_model(fitted_mlp, path)
+        # A new file gets the process's default (its umask).
+        save_model(fitted_mlp, tmp_path / "new.skassoc")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "new.skassoc").stat().st_mode) == 0o644
+    load_model(path, device="cpu")
 
 
 # ------------------------------------------------------------ concurrent saves

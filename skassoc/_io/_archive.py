@@ -64,7 +64,16 @@ def read_archive(path):
     if not stat.S_ISREG(mode):
         raise InvalidModelFile("it is not a regular file.")
     with open(path, "rb") as handle:
-        _check_zip_bounds(handle)
+        try:
+            _check_zip_bounds(handle)
+        except (FileNotFoundError, PermissionError):
+            raise
+        except OSError as exc:
+            # Files of /proc and the like say they are regular but cannot
+            # seek from their end.
+            raise InvalidModelFile(
+                f"it cannot be read as a file of known size: {exc}"
+            ) from None
         try:
             with zipfile.ZipFile(handle) as archive:
                 weights_member = _weights_member(archive)

@@ -9,10 +9,12 @@ follows only the few opcodes and the four globals that ``torch.save``
 writes for a plain dict of contiguous float32 and int64 tensors. Anything
 else (another global, a view with an offset or strides, a storage shared by
 two tensors, a member that is compressed or of the wrong size) is refused.
-:func:`read_records` returns what each tensor claims to be, so that the
-caller can match it against the network before :func:`read_tensors` reads
-a byte of its data; :func:`convert_model_file` does so, and writes the
-file again in today's format.
+Each tensor's shape must be one of the network's before anything is
+computed from it (a shape of many huge numbers would make even its product
+slow); :func:`read_records` returns what each tensor claims to be, so that
+the caller can match it against the network before :func:`read_tensors`
+reads a byte of its data; :func:`convert_model_file` does so, and writes
+the file again in today's format.
 """
 
 import hashlib
@@ -30,6 +32,7 @@ from .._prior import uniform_prior
 from .._version import __version__
 from ._archive import read_archive, write_archive
 from ._format import FORMAT_VERSION, LEGACY_WEIGHTS_MEMBER, InvalidModelFile
+from ._limits import MAX_WIDTH
 from ._metadata import (
     check_checksum,
     check_format,
@@ -39,7 +42,7 @@ from ._metadata import (
     metadata_bytes,
 )
 from ._model_file import as_path, decode_file
-from ._weights import check_weights_fit, expected_weights
+from ._weights import check_weights_fit, expected_weights, shortened
 
 __all__ = [
     "convert_model_file",
@@ -52,6 +55,10 @@ __all__ = [
 #: The pickle of a state dict takes about 300 bytes a tensor.
 MAX_PICKLE_BYTES = 2**20
 MAX_MEMBERS = 4096
+# Built-in networks' tensors have at most 4 dimensions (convolution
+# kernels), none longer than the widest input (n_features).
+MAX_DIMENSIONS = 8
+MAX_DIMENSION_SIZE = MAX_WIDTH**2
 # What torch.save calls its globals, and the storage types it may name.
 _DICT_CLASS = ("collections", "OrderedDict")
 _REBUILD_TENSOR = ("torch._utils", "_rebuild_tensor_v2")
@@ -169,12 +176,14 @@ def convert_model_file(source, destination):
 def _converted(metadata, legacy, version):
     """The metadata and safetensors weights of format 3 for an older file."""
     check_checksum(metadata, legacy, LEGACY_WEIGHTS_MEMBER)
-    classes = decode_classes(field(metadata, "classes", dict))
+    metadata["classes"] = _little_endian(field(metadata, "classes", dict))
+    classes = decode_classes(metadata["classes"])
     spec = decode_spec(field(metadata, "network", dict), len(classes))
+    expected = expected_weights(spec)
     try:
-        records = read_records(legacy)
+        records = read_records(legacy, expected)
         present = {key: (record.shape, record.dtype) for key, record in records.items()}
-        check_weights_fit(expected_weights(spec), present)
+        check_weights_fit(expected, present)
         weights = safetensors.torch.save(read_tensors(legacy, records))
     except LegacyWeightsError as exc:
         raise InvalidModelFile(f"{LEGACY_WEIGHTS_MEMBER}: {exc}") from None
@@ -198,16 +207,32 @@ def _converted(metadata, legacy, version):
     return metadata, weights
 
 
+def _little_endian(classes):
+    """The ``classes`` entry with the byte order that save writes today.
+
+    Earlier skassoc wrote the labels' dtype as fit gave it, big-endian
+    where the labels were; the values are the same in either order.
+    """
+    name = classes.get("dtype")
+    if isinstance(name, str) and name.startswith(">"):
+        return {**classes, "dtype": "<" + name[1:]}
+    return classes
+
+
 # ------------------------------------------------------- reading the pickle
 
 
-def read_records(data):
+def read_records(data, expected):
     """What each tensor of the torch.save archive ``data`` claims to be.
 
     Parameters
     ----------
     data : bytes
         The weights member of a model file of format 1 or 2.
+    expected : dict of str to (tuple, torch.dtype)
+        The network's tensors (see
+        :func:`~skassoc._io._weights.expected_weights`): a tensor of
+        another shape than theirs is refused as soon as its shape is read.
 
     Returns
     -------
@@ -217,7 +242,7 @@ def read_records(data):
     ------
     LegacyWeightsError
         If the archive is not a plain dict of contiguous float32 and int64
-        tensors as ``torch.save`` writes it.
+        tensors of the network's shapes, as ``torch.save`` writes it.
     """
     archive, prefix = _open(data)
     with archive:
@@ -225,7 +250,8 @@ def read_records(data):
         if _has(archive, prefix + "byteorder"):
             if _member(archive, prefix + "byteorder", 16) != b"little":
                 raise LegacyWeightsError("the weights are stored big-endian.")
-        tensors = _Reader().run(pickle)
+        shapes = {shape for shape, _ in expected.values()}
+        tensors = _Reader(shapes).run(pickle)
         records = {}
         for name, tensor in tensors.items():
             storage, shape = tensor.storage, tensor.shape
@@ -309,9 +335,13 @@ def _member(archive, name, limit):
 
 
 class _Reader:
-    """A pickle machine for the opcodes of a state dict, that calls nothing."""
+    """A pickle machine for the opcodes of a state dict, that calls nothing.
 
-    def __init__(self):
+    ``shapes`` are those a tensor may have: the network's.
+    """
+
+    def __init__(self, shapes):
+        self.shapes = shapes
         self.stack = []
         self.marks = []  # stack lengths at each MARK, as pickle's own
         self.memo = {}
@@ -360,7 +390,7 @@ class _Reader:
             stack.append(_storage(stack.pop()))
         elif name == "REDUCE":
             args = stack.pop()
-            stack.append(_reduce(stack.pop(), args))
+            stack.append(_reduce(stack.pop(), args, self.shapes))
         elif name in ("SETITEM", "SETITEMS"):
             if name == "SETITEM":
                 items = stack[-2:]
@@ -414,7 +444,7 @@ def _storage(pid):
     return _Storage(pid[2], STORAGE_DTYPES[pid[1].name], pid[4])
 
 
-def _reduce(function, args):
+def _reduce(function, args, shapes):
     if not isinstance(function, _Global):
         raise LegacyWeightsError("the weights pickle calls a non-global.")
     if function.name == _DICT_CLASS and args == ():
@@ -424,6 +454,7 @@ def _reduce(function, args):
     if not (isinstance(args, tuple) and len(args) == 6):
         raise LegacyWeightsError("a tensor is rebuilt with unusual arguments.")
     storage, offset, shape, stride, requires_grad, hooks = args
+    _check_shape(shape, shapes)
     plain = (
         isinstance(storage, _Storage)
         and offset == 0
@@ -438,6 +469,28 @@ def _reduce(function, args):
             "not a plain contiguous tensor."
         )
     return _Tensor(storage, shape)
+
+
+def _check_shape(shape, shapes):
+    """Refuse a shape that is not one of the network's ``shapes``.
+
+    Its length and sizes are bounded before they are compared or multiplied:
+    a pickle may hold thousands of sizes of hundreds of digits each.
+    """
+    if not isinstance(shape, tuple):
+        raise LegacyWeightsError("a tensor's shape is not a tuple of sizes.")
+    if len(shape) > MAX_DIMENSIONS or not all(
+        _is_int(size) and 0 <= size <= MAX_DIMENSION_SIZE for size in shape
+    ):
+        raise LegacyWeightsError(
+            f"a tensor's shape has {len(shape)} dimensions or sizes out of bounds "
+            f"(at most {MAX_DIMENSIONS} dimensions of up to {MAX_DIMENSION_SIZE})."
+        )
+    if shape not in shapes:
+        raise LegacyWeightsError(
+            f"its weights do not fit the network it describes: a tensor of "
+            f"shape {shortened(shape)} is none of the network's."
+        )
 
 
 def _set_items(target, items):
@@ -468,24 +521,22 @@ def _is_key(value):
 
 
 def _is_contiguous(shape, stride):
-    """Whether ``stride`` lays ``shape`` out in row-major order without gaps.
+    """Whether ``stride`` lays ``shape`` (a bounded one) out in row-major order.
 
-    As torch's own test: the stride of a dimension of size 1 is free (a
-    contiguous copy of a channels-last tensor keeps it), and an empty
-    tensor has no layout.
+    As torch's own test, the stride of a dimension of size 1 is free (a
+    contiguous copy of a channels-last tensor keeps it); the others must be
+    those torch gives a contiguous tensor, empty ones included (a size of 0
+    counts as 1).
     """
     if not (
-        isinstance(shape, tuple)
-        and isinstance(stride, tuple)
+        isinstance(stride, tuple)
         and len(shape) == len(stride)
-        and all(_is_int(v) and v >= 0 for v in shape + stride)
+        and all(_is_int(v) and v >= 0 for v in stride)
     ):
         return False
-    if 0 in shape:
-        return True
     step = 1
     for size, gap in zip(reversed(shape), reversed(stride), strict=True):
         if size != 1 and gap != step:
             return False
-        step *= size
+        step *= max(size, 1)
     return True

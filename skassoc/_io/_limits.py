@@ -14,6 +14,7 @@ from .._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
 from .._utils import is_integer
 
 __all__ = [
+    "CLASS_DTYPES",
     "CLASS_VALUE_CHECKS",
     "one_of",
     "int_in",
@@ -40,15 +41,26 @@ MAX_STEP_BYTES = 16 * 2**30
 MAX_FIT_MACS = 3 * 10**16
 MAX_WEIGHT = 1e6  # loss weights, L2 scales
 MAX_LABEL_CHARS = 1024
+# Characters of the array of string labels (classes x its width): 4 MiB.
+MAX_LABEL_ARRAY_CHARS = 2**20
 # Values of the tensors a file may lack (buffers older files did not have).
 MAX_DEFAULTED_VALUES = 1024
+
+#: The dtypes of ``classes_`` that a model file holds, besides strings
+#: ("<U" and the width): NumPy's booleans, integers and floats of
+#: little-endian byte order (not long double, whose size depends on the
+#: platform), and objects (str labels).
+CLASS_DTYPES = frozenset(
+    ["|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8"]
+    + ["<f2", "<f4", "<f8", "|O"]
+)
 
 #: The label types of ``classes_`` (by dtype kind), each with its check.
 CLASS_VALUE_CHECKS = {
     "b": lambda v: isinstance(v, bool),
     "i": is_integer,
     "u": is_integer,
-    "f": lambda v: isinstance(v, float),
+    "f": lambda v: isinstance(v, float) and math.isfinite(v),  # as fit's
     "U": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
     "O": lambda v: isinstance(v, str) and len(v) <= MAX_LABEL_CHARS,
 }
@@ -154,6 +166,9 @@ def _class_weight(value):
             and float_in(0, MAX_WEIGHT)(pair[1])
             for pair in value
         )
+        # One weight a label: as a dict, the last of two (0 and 0.0 are one
+        # key) would silently win.
+        and len({pair[0] for pair in value}) == len(value)
     )
 
 

@@ -14,6 +14,7 @@ from numbers import Real
 import numpy as np
 import torch
 
+from .._inputs import unlabeled_mask
 from .._model import ModelSpec
 from .._networks import NETWORKS
 from .._params import NEVER_FROM_FILE, SAFE_PARAMS
@@ -29,9 +30,12 @@ from ._format import (
     InvalidModelFile,
 )
 from ._limits import (
+    CLASS_DTYPES,
     CLASS_VALUE_CHECKS,
+    MAX_LABEL_ARRAY_CHARS,
     MAX_LABEL_CHARS,
     MAX_LAYERS,
+    MAX_STEPS,
     MAX_WIDTH,
     int_in,
     is_class_prior,
@@ -51,6 +55,8 @@ __all__ = [
     "decode_output_config",
     "decode_spec",
     "decode_classes",
+    "decode_n_iter",
+    "decode_feature_names",
     "decode_class_prior",
     "decode_history",
 ]
@@ -96,7 +102,7 @@ def encode_metadata(estimator, state, spec, params, weights):
         "classes": _encode_classes(state.classes),
         "class_prior": _encode_class_prior(state.class_prior, len(state.classes)),
         "feature_names_in": None if names is None else [str(n) for n in names],
-        "n_iter": int(state.n_iter),
+        "n_iter": _encode_n_iter(state.n_iter),
         "history": {
             str(key): _to_json(list(values)) for key, values in state.history.items()
         },
@@ -122,6 +128,17 @@ def _encode_output_config(estimator):
             f"holds one of {list(OUTPUT_CONTAINERS)}."
         )
     return {"transform": container}
+
+
+def _encode_n_iter(n_iter):
+    """The steps of the last fit; ValueError if load would refuse them."""
+    if not 0 <= n_iter <= MAX_STEPS:
+        raise ValueError(
+            f"Cannot save a model fitted for n_iter_={n_iter} steps: a model "
+            f"file records at most {MAX_STEPS} (load refuses more). Pickle the "
+            "estimator instead (trusted files only)."
+        )
+    return int(n_iter)
 
 
 def _encode_class_prior(class_prior, n_classes):
@@ -206,15 +223,24 @@ def _encode_spec(spec):
 
 
 def _encode_classes(classes):
-    """``classes_`` as its dtype and values; ValueError if load would refuse them."""
+    """``classes_`` as its dtype and values; ValueError if load would refuse them.
+
+    Numbers and booleans are written little-endian, whatever the byte order
+    of the labels fit was given (the values are the same). Strings keep the
+    width that fit gave them (``np.unique`` of the labels), unless the
+    array would exceed the limits: then the width of the longest label.
+    """
     classes = np.asarray(classes)
     kind = classes.dtype.kind
     if classes.ndim != 1 or kind not in CLASS_VALUE_CHECKS:
         raise ValueError(_unsupported_classes(classes))
     if kind not in "UO":
+        dtype = classes.dtype.newbyteorder("<")
+        if dtype.str not in CLASS_DTYPES:
+            raise ValueError(_unsupported_classes(classes))
         # .tolist() gives Python bools, ints, floats: exact in JSON (floats
         # are written with repr, which round-trips).
-        return {"dtype": classes.dtype.str, "values": classes.tolist()}
+        return {"dtype": dtype.str, "values": classes.tolist()}
     if not all(isinstance(label, str) for label in classes):
         raise ValueError(_unsupported_classes(classes))
     values = [str(label) for label in classes]
@@ -227,10 +253,26 @@ def _encode_classes(classes):
             "bounds the memory a file's labels may take). Map the labels to "
             "shorter ones, or to integers, before fitting."
         )
-    # The width of a "<U2000" array holding short labels is not kept: load
-    # bounds it, and the labels need only the width of the longest.
-    dtype = np.asarray(values).dtype if kind == "U" else classes.dtype
-    return {"dtype": dtype.str, "values": values}
+    if kind == "O":
+        return {"dtype": classes.dtype.str, "values": values}
+    width = classes.dtype.itemsize // 4
+    if not _fits_label_array(len(values), width):
+        width = max(len(longest), 1)
+    if not _fits_label_array(len(values), width):
+        raise ValueError(
+            f"Cannot save {len(values)} string classes of up to {width} "
+            f"characters: a model file holds string labels of at most "
+            f"{MAX_LABEL_ARRAY_CHARS} characters in all (classes x the "
+            "longest label; load refuses more, which bounds the memory of "
+            "classes_). Map the labels to shorter ones, or to integers, "
+            "before fitting."
+        )
+    return {"dtype": f"<U{width}", "values": values}
+
+
+def _fits_label_array(n_classes, width):
+    """Whether an array of ``n_classes`` strings of ``width`` is within limits."""
+    return width <= MAX_LABEL_CHARS and n_classes * width <= MAX_LABEL_ARRAY_CHARS
 
 
 def _unsupported_classes(classes):
@@ -377,29 +419,80 @@ def field(mapping, key, kind):
     return value
 
 
-def decode_classes(entry):
-    """``classes_``, refused unless its values fit a bounded dtype."""
+def decode_classes(entry, n_classes=None):
+    """``classes_``, refused unless its values fit a bounded dtype.
+
+    Parameters
+    ----------
+    entry : dict
+        The ``classes`` field: a dtype and a list of values.
+    n_classes : int or None
+        The width of the network's logit layer, as the weights' header
+        declares it; the number of classes must match it before an array
+        is built.
+
+    Returns
+    -------
+    classes : ndarray
+        Sorted, distinct labels, as ``np.unique`` gives them to ``fit``.
+    """
     values = field(entry, "values", list)
-    try:
-        dtype = np.dtype(field(entry, "dtype", str))
-    except TypeError as exc:
-        raise InvalidModelFile(f"bad classes dtype: {exc}") from None
-    if dtype.kind not in CLASS_VALUE_CHECKS or dtype.fields is not None:
-        raise InvalidModelFile(f"unsupported classes dtype {dtype}.")
-    if dtype.itemsize > 4 * MAX_LABEL_CHARS:
-        raise InvalidModelFile(f"classes dtype {dtype} is implausibly wide.")
-    if not 2 <= len(values) <= MAX_WIDTH or not all(
-        CLASS_VALUE_CHECKS[dtype.kind](value) for value in values
-    ):
+    if not 2 <= len(values) <= MAX_WIDTH:
+        raise InvalidModelFile(
+            f"{len(values)} classes; a model file holds 2 to {MAX_WIDTH}."
+        )
+    if n_classes is not None and len(values) != n_classes:
+        raise InvalidModelFile(
+            f"its weights do not fit the network it describes: {len(values)} "
+            f"classes, a logit layer of {str(n_classes)[:20]}."
+        )
+    dtype = _class_dtype(field(entry, "dtype", str), len(values))
+    if not all(CLASS_VALUE_CHECKS[dtype.kind](value) for value in values):
         raise InvalidModelFile(f"bad classes values for dtype {dtype}.")
     try:
         classes = np.asarray(values, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidModelFile(f"bad classes values: {exc}") from None
     # A too-short string dtype would silently truncate labels.
-    if classes.tolist() != values or len(np.unique(classes)) != len(classes):
+    if classes.tolist() != values:
         raise InvalidModelFile(f"classes do not fit their dtype {dtype}.")
+    # fit's labels are np.unique's: sorted and distinct (a warm start
+    # matches new labels against them), never the unlabeled marker.
+    unique = np.unique(classes)
+    if len(unique) != len(classes) or not np.array_equal(unique, classes):
+        raise InvalidModelFile(
+            "classes are not sorted and distinct, as fit gives them."
+        )
+    if unlabeled_mask(classes).any():
+        raise InvalidModelFile(
+            "classes hold -1, which marks unlabeled samples and is never a class."
+        )
     return classes
+
+
+def _class_dtype(name, n_classes):
+    """The dtype named ``name``, if one that save writes and within bounds."""
+    if name.startswith("<U") and name[2:].isascii() and name[2:].isdigit():
+        # Thousands of digits would be slow to read as a number.
+        width = int(name[2:]) if len(name) <= 12 else MAX_LABEL_CHARS + 1
+        if not 1 <= width <= MAX_LABEL_CHARS:
+            raise InvalidModelFile(
+                f"classes dtype {name[:20]} is not 1 to {MAX_LABEL_CHARS} "
+                "characters wide, as labels are."
+            )
+        if not _fits_label_array(n_classes, width):
+            raise InvalidModelFile(
+                f"{n_classes} classes of dtype {name} exceed the "
+                f"{MAX_LABEL_ARRAY_CHARS} characters that string labels may "
+                "take in all."
+            )
+        return np.dtype(name)
+    if name not in CLASS_DTYPES:
+        raise InvalidModelFile(
+            f"unsupported classes dtype {name[:20]!r} (save writes little-endian "
+            "booleans, integers and floats, str and object)."
+        )
+    return np.dtype(name)
 
 
 def decode_class_prior(metadata, n_classes):
@@ -411,6 +504,33 @@ def decode_class_prior(metadata, n_classes):
         return check_class_prior(prior, n_classes)
     except ValueError as exc:
         raise InvalidModelFile(str(exc)) from None
+
+
+def decode_n_iter(metadata):
+    """The steps of the last fit: at most as many as a file may ask for."""
+    n_iter = field(metadata, "n_iter", int)
+    if not 0 <= n_iter <= MAX_STEPS:
+        raise InvalidModelFile(
+            f"n_iter {str(n_iter)[:20]} is outside 0 to {MAX_STEPS} steps."
+        )
+    return n_iter
+
+
+def decode_feature_names(names, n_features):
+    """``feature_names_in_``: one distinct string a feature, or None."""
+    if names is None:
+        return None
+    if (
+        not isinstance(names, list)
+        or len(names) != n_features
+        or not all(isinstance(name, str) for name in names)
+    ):
+        raise InvalidModelFile("feature_names_in does not match n_features.")
+    if len(set(names)) != len(names):
+        # fit refuses columns of one name: a column could not be told apart.
+        raise InvalidModelFile("feature_names_in holds a name twice.")
+    # scikit-learn keeps feature names as an object array of str.
+    return np.asarray(names, dtype=object)
 
 
 def decode_history(history):

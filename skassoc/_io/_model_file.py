@@ -6,8 +6,6 @@ together: the metadata, the weights and the archive.
 
 import os
 
-import numpy as np
-
 from .._device import resolve_device
 from .._fitted import FittedState, get_fitted_state, set_fitted_state
 from .._model import placed, spec_of_model
@@ -19,7 +17,9 @@ from ._metadata import (
     check_format,
     decode_class_prior,
     decode_classes,
+    decode_feature_names,
     decode_history,
+    decode_n_iter,
     decode_output_config,
     decode_params,
     decode_spec,
@@ -33,6 +33,7 @@ from ._weights import (
     build_loaded,
     check_weights_fit,
     expected_weights,
+    logit_width,
     read_weights,
     safetensors_header,
     weights_bytes,
@@ -182,27 +183,19 @@ def decode_file(metadata, weights, device):
 def _decode_state(metadata, weights, device, params):
     """The fitted state of the file: its network, built only once checked."""
     check_checksum(metadata, weights, WEIGHTS_MEMBER)
-    classes = decode_classes(field(metadata, "classes", dict))
-    spec = decode_spec(field(metadata, "network", dict), len(classes))
     present = safetensors_header(weights)
+    classes = decode_classes(field(metadata, "classes", dict), logit_width(present))
+    spec = decode_spec(field(metadata, "network", dict), len(classes))
     check_weights_fit(expected_weights(spec), present)
     problem = refit_cost_problem(params, spec)
     if problem is not None:
         raise InvalidModelFile(
             f"its parameters ask a refit for more than a model file may: {problem}."
         )
+    names = decode_feature_names(metadata.get("feature_names_in"), spec.n_features)
+    n_iter = decode_n_iter(metadata)
     state_dict = read_weights(weights, present)
     model = build_loaded(spec, state_dict)
-    names = metadata.get("feature_names_in")
-    if names is not None and (
-        not isinstance(names, list)
-        or len(names) != spec.n_features
-        or not all(isinstance(n, str) for n in names)
-    ):
-        raise InvalidModelFile("feature_names_in does not match n_features.")
-    n_iter = field(metadata, "n_iter", int)
-    if n_iter < 0:
-        raise InvalidModelFile("n_iter is negative.")
     return FittedState(
         model=placed(model, device, spec),
         classes=classes,
@@ -210,8 +203,7 @@ def _decode_state(metadata, weights, device, params):
         input_shape=spec.input_shape,
         network=spec.network,
         n_features_in=spec.n_features,
-        # scikit-learn keeps feature names as an object array of str.
-        feature_names_in=None if names is None else np.asarray(names, dtype=object),
+        feature_names_in=names,
         n_iter=n_iter,
         history=decode_history(field(metadata, "history", dict)),
         device=device,

@@ -24,12 +24,16 @@ __all__ = [
     "expected_weights",
     "safetensors_header",
     "check_weights_fit",
+    "logit_width",
     "read_weights",
     "build_loaded",
+    "shortened",
 ]
 
 # The dtypes of built-in networks' weights, as safetensors names them.
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "I64": torch.int64}
+# How many items of a long shape or list a message quotes.
+_QUOTED_ITEMS = 8
 
 
 def weights_bytes(model):
@@ -126,6 +130,17 @@ def safetensors_header(weights):
     return present
 
 
+def logit_width(present):
+    """The classes of the network that the header ``present`` describes.
+
+    Every built-in network ends in the linear layer ``logits``; None if
+    the header declares no one-dimensional ``logits.bias`` (the weights
+    are then refused as not fitting the network).
+    """
+    shape = present.get("logits.bias", ((),))[0]
+    return shape[0] if len(shape) == 1 else None
+
+
 def _unique_keys(pairs):
     # Two entries of one name: this parser and safetensors' might keep
     # different ones, and the one checked would not be the one read.
@@ -172,11 +187,26 @@ def _mismatch(expected, present):
     if missing:
         details.append(f"missing {missing[:3]}")
     if extra:
-        details.append(f"unexpected {extra[:3]}")
+        details.append(f"unexpected {shortened(extra[:3])}")
     if differ:
         key = differ[0]
         details.append(
-            f"{key} is {present[key][0]} {present[key][1]}, the network needs "
-            f"{expected[key][0]} {expected[key][1]}"
+            f"{key[:60]} is {shortened(present[key][0])} {present[key][1]}, the "
+            f"network needs {expected[key][0]} {expected[key][1]}"
         )
     return "its weights do not fit the network it describes: " + "; ".join(details)
+
+
+def shortened(value, limit=80):
+    """``repr(value)``, cut to about ``limit`` characters for a message.
+
+    A file's shapes and names may be of any length; a message quotes only
+    their beginning (and converts only the first items of a long list to
+    text, which takes long for huge integers).
+    """
+    if isinstance(value, (tuple, list)) and len(value) > _QUOTED_ITEMS:
+        text = repr(value[:_QUOTED_ITEMS])
+        text = f"{text[:-1]}, ...{text[-1]}"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
