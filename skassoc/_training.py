@@ -390,22 +390,45 @@ def load_torch_dynamo():
     Raises
     ------
     RuntimeError
-        If the import fails: an earlier one, outside skassoc, was cut short,
-        and only a new Python process imports it again.
+        If the import fails where an earlier one, outside skassoc, was cut
+        short (it left parts of ``torch._dynamo`` or sympy in
+        ``sys.modules``): only a new Python process imports it again. Any
+        other failure propagates as it is.
     """
     if "torch._dynamo" in sys.modules:
         return
+    # Taken before the import, which itself leaves its finished submodules
+    # behind when it fails for another reason.
+    leftovers = _half_imported_modules()
     try:
         with _sigint_held_back():
             importlib.import_module("torch._dynamo")
     except Exception as exc:
+        if not leftovers:
+            raise
         raise RuntimeError(
             "torch cannot import torch._dynamo, which its optimizers use "
             f"({type(exc).__name__}: {exc}). An earlier import of it (or of "
-            "sympy) in this Python process was probably interrupted, e.g. by "
-            "a Ctrl-C, and left a module half imported. Restart the Python "
-            "process (or the notebook's kernel) and fit again."
+            "sympy) in this Python process was interrupted, e.g. by a Ctrl-C, "
+            f"and left modules half imported ({', '.join(leftovers[:3])}). "
+            "Restart the Python process (or the notebook's kernel) and fit again."
         ) from exc
+
+
+def _half_imported_modules():
+    """The modules that a cut-short import of ``torch._dynamo`` left behind.
+
+    Submodules of ``torch._dynamo`` without the package itself, or sympy
+    submodules without sympy or not bound to it (its attribute missing): an
+    import that ended normally leaves neither.
+    """
+    dynamo = sorted(name for name in sys.modules if name.startswith("torch._dynamo."))
+    sympy = sys.modules.get("sympy")
+    parts = {name.split(".")[1] for name in sys.modules if name.startswith("sympy.")}
+    unbound = sorted(
+        f"sympy.{part}" for part in parts if sympy is None or not hasattr(sympy, part)
+    )
+    return dynamo + unbound
 
 
 @contextlib.contextmanager

@@ -16,7 +16,6 @@ import warnings
 from inspect import signature
 
 import torch
-from sklearn.model_selection._search import BaseSearchCV
 from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_is_fitted, check_scalar
 from torch import nn
@@ -134,7 +133,7 @@ def _check_estimator(estimator):
             "pass its last step (pipeline[-1]) and apply its other steps "
             f"({steps}) to the inputs before the ONNX graph: they are not exported."
         )
-    elif isinstance(estimator, (BaseSearchCV, StackedGridSearchCV)):
+    elif _is_search(estimator):
         hint = (
             "pass the refitted best estimator (search.best_estimator_; its "
             "last step if that is a Pipeline)."
@@ -145,6 +144,18 @@ def _check_estimator(estimator):
         f"export_onnx exports a SemiSupervisedAssociationClassifier, not a {name}: "
         + hint
     )
+
+
+def _is_search(estimator):
+    """Whether ``estimator`` is a hyper-parameter search: one of skassoc's, or
+    one that scikit-learn's public API describes (a refitted best estimator,
+    or the ``estimator``, ``cv`` and ``refit`` parameters that its searches
+    share), without importing its private base class."""
+    if isinstance(estimator, StackedGridSearchCV) or hasattr(
+        estimator, "best_estimator_"
+    ):
+        return True
+    return all(hasattr(estimator, name) for name in ("estimator", "cv", "refit"))
 
 
 def _check_names(input_name, output_name):

@@ -427,11 +427,7 @@ def plot_nearest_neighbors(
         estimator, X_query, X_pool, y_query, y_pool, n_neighbors, image_shape
     )
 
-    query, pool = (
-        torch.nn.functional.normalize(_embed(estimator, X), dim=1) for X in passed
-    )
-    similarity = (query @ pool.T).numpy()
-    nearest = np.argsort(-similarity, axis=1, kind="stable")[:, :n_neighbors]
+    similarity, nearest = _nearest(estimator, *passed, n_neighbors)
 
     # Scale only the images shown (the pool can be large), all on one scale so
     # that queries and neighbours compare.
@@ -479,6 +475,20 @@ def plot_nearest_neighbors(
         ax.set_yticks([])
     _neighbour_legend(fig, check_labels, misclassified.any())
     return fig
+
+
+def _nearest(estimator, X_query, X_pool, n_neighbors):
+    """The cosine similarities of the queries' embeddings to the pool's, of
+    shape (n_queries, n_pool), and the indices of each query's
+    ``n_neighbors`` most similar pool inputs, most similar first (ties in
+    pool order)."""
+    query, pool = (
+        torch.nn.functional.normalize(_embed(estimator, X), dim=1)
+        for X in (X_query, X_pool)
+    )
+    similarity = (query @ pool.T).numpy()
+    nearest = np.argsort(-similarity, axis=1, kind="stable")[:, :n_neighbors]
+    return similarity, nearest
 
 
 def _check_neighbor_inputs(

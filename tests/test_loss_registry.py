@@ -179,6 +179,19 @@ def test_a_term_at_weight_zero_leaves_the_fit_bit_for_bit(blobs, fast_params):
     np.testing.assert_array_equal(off.transform(X), plain.transform(X))
 
 
+def test_an_estimator_without_the_registered_parameter_fits_at_its_default(
+    blobs, fast_params, toy_loss
+):
+    """Registration is global: a plain estimator, built without toy_weight,
+    trains with the row's default weight (0) instead of failing."""
+    X, y = blobs
+    plain = SemiSupervisedAssociationClassifier(**fast_params)
+    assert not hasattr(plain, "toy_weight")
+    plain.fit(X, y)
+    assert "toy" not in plain.history_
+    assert plain.history_ == _toy(fast_params, toy_weight=0.0).fit(X, y).history_
+
+
 def test_the_row_validates_the_new_parameter(blobs, fast_params, toy_loss):
     X, y = blobs
     with pytest.raises(InvalidParameterError, match="toy_weight"):

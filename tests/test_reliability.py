@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import types
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -803,13 +804,33 @@ def test_keyboard_interrupt_during_validation_keeps_best_weights_and_score(
     _assert_whole_history(clf)
 
 
-def test_a_half_imported_torch_dynamo_gives_a_clear_error(monkeypatch):
-    def half_imported(name):
-        raise AttributeError("module 'sympy' has no attribute 'printing'")
+def _without_torch_dynamo(monkeypatch, error):
+    """sys.modules as before torch._dynamo's first import, whose attempt
+    raises ``error``."""
+    for name in list(sys.modules):
+        if name == "torch._dynamo" or name.startswith(("torch._dynamo.", "sympy")):
+            monkeypatch.delitem(sys.modules, name)
 
-    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
-    monkeypatch.setattr(skassoc._training.importlib, "import_module", half_imported)
-    with pytest.raises(RuntimeError, match="Restart the Python process"):
+    def failing_import(name):
+        raise error
+
+    monkeypatch.setattr(skassoc._training.importlib, "import_module", failing_import)
+
+
+def test_a_half_imported_torch_dynamo_gives_a_clear_error(monkeypatch):
+    _without_torch_dynamo(
+        monkeypatch, AttributeError("module 'sympy' has no attribute 'printing'")
+    )
+    # What an interrupted import leaves: a submodule without its package.
+    leftover = types.ModuleType("sympy.printing")
+    monkeypatch.setitem(sys.modules, "sympy.printing", leftover)
+    with pytest.raises(RuntimeError, match=r"interrupted.*sympy\.printing.*Restart"):
+        load_torch_dynamo()
+
+
+def test_a_torch_dynamo_import_failing_otherwise_keeps_its_own_error(monkeypatch):
+    _without_torch_dynamo(monkeypatch, ImportError("No module named 'missing_dep'"))
+    with pytest.raises(ImportError, match="missing_dep"):
         load_torch_dynamo()
 
 

@@ -39,6 +39,42 @@ def _resolve_data_home(data_home):
     return resolve_data_home(data_home, _ENV_VAR, "svhn")
 
 
+def _read_mat(path, subset):
+    """Read the arrays 'X' and 'y' of an SVHN ``.mat`` file.
+
+    Raises a ValueError that names the file and says what to do where scipy
+    cannot read it (a MATLAB v7.3 file, a truncated or foreign one) or it
+    lacks either variable.
+    """
+    try:
+        mat = loadmat(path, variable_names=["X", "y"])
+    except NotImplementedError as exc:
+        # scipy's way of refusing MATLAB v7.3 files, which are HDF5 files.
+        if "7.3" not in str(exc):
+            raise
+        raise ValueError(
+            f"{path!r} is a MATLAB v7.3 file (an HDF5 file), which "
+            "scipy.io.loadmat cannot read. The official SVHN files are MATLAB "
+            f"v5 files: download {_FILES[subset]!r} again from {_URL}, or "
+            "convert this one (in MATLAB: load it, then save(path, 'X', 'y', "
+            "'-v7')). h5py can read it as it is, with every array's axes in "
+            "reverse order."
+        ) from exc
+    except (MatReadError, OSError, ValueError, TypeError) as exc:
+        # scipy's errors for truncated or foreign files do not name the file.
+        raise ValueError(
+            f"{path!r} is not a readable MATLAB file ({type(exc).__name__}: "
+            f"{exc}); it may be truncated or corrupted: download it again from "
+            f"{_URL}."
+        ) from exc
+    if "X" not in mat or "y" not in mat:
+        raise ValueError(
+            f"{path!r} does not hold SVHN data: expected variables 'X' and "
+            f"'y', found {sorted(k for k in mat if not k.startswith('__'))}."
+        )
+    return mat["X"], mat["y"]
+
+
 def load_svhn(subset="train", *, data_home=None, return_X_y=False):
     """Load the SVHN cropped-digits data set ("format 2").
 
@@ -119,33 +155,7 @@ def load_svhn(subset="train", *, data_home=None, return_X_y=False):
             "environment variable to the folder that holds it."
         )
 
-    try:
-        mat = loadmat(path, variable_names=["X", "y"])
-    except NotImplementedError as exc:
-        # scipy's way of refusing MATLAB v7.3 files, which are HDF5 files.
-        if "7.3" not in str(exc):
-            raise
-        raise ValueError(
-            f"{path!r} is a MATLAB v7.3 file (an HDF5 file), which "
-            "scipy.io.loadmat cannot read. The official SVHN files are MATLAB "
-            f"v5 files: download {_FILES[subset]!r} again from {_URL}, or "
-            "convert this one (in MATLAB: load it, then save(path, 'X', 'y', "
-            "'-v7')). h5py can read it as it is, with every array's axes in "
-            "reverse order."
-        ) from exc
-    except (MatReadError, OSError, ValueError, TypeError) as exc:
-        # scipy's errors for truncated or foreign files do not name the file.
-        raise ValueError(
-            f"{path!r} is not a readable MATLAB file ({type(exc).__name__}: "
-            f"{exc}); it may be truncated or corrupted: download it again from "
-            f"{_URL}."
-        ) from exc
-    if "X" not in mat or "y" not in mat:
-        raise ValueError(
-            f"{path!r} does not hold SVHN data: expected variables 'X' and "
-            f"'y', found {sorted(k for k in mat if not k.startswith('__'))}."
-        )
-    X, y = mat["X"], mat["y"]
+    X, y = _read_mat(path, subset)
     if X.ndim != 4 or X.shape[:3] != (32, 32, 3) or X.dtype != np.uint8:
         raise ValueError(
             f"{path!r} does not hold SVHN images: expected 'X' to be uint8 of "
