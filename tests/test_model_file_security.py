@@ -6,6 +6,8 @@ refuses it with a ValueError naming the problem or keeps the change within
 what a model file may set.
 """
 
+import copy
+import errno
 import hashlib
 import io
 import json
@@ -27,6 +29,7 @@ import torch
 from sklearn.base import clone
 
 import skassoc._classifier
+import skassoc._io._metadata
 import skassoc._losses
 from skassoc import (
     SemiSupervisedAssociationClassifier,
@@ -184,6 +187,7 @@ def test_device_is_never_taken_from_a_file(saved, tmp_path):
         ("precision", "fp8"),
         ("warm_start", "yes"),
         ("ema_decay", 2.0),
+        ("ema_decay", 1.0),  # fit's bound is open: the refit would fail
         # Two weights of one label (0 and 0.0 are one dict key): one would
         # silently be dropped.
         ("class_weight", [[0, 1.0], [0.0, 2.0]]),
@@ -196,6 +200,34 @@ def test_parameters_outside_their_domain_are_refused(saved, tmp_path, name, valu
         tmp_path / "m.skassoc", with_params(metadata, **{name: value}), weights
     )
     refused(path, f"parameter {name} = .* outside the values")
+
+
+def test_a_file_must_satisfy_fits_constraints_beyond_the_domains(
+    saved, tmp_path, monkeypatch
+):
+    # A domain wider than fit's constraints must not let a file load that
+    # its refit would refuse.
+    _, _, metadata, weights = saved
+    monkeypatch.setitem(skassoc._io._metadata.SAFE_PARAMS, "ema_decay", lambda v: True)
+    path = write_archive(
+        tmp_path / "m.skassoc", with_params(metadata, ema_decay=1.0), weights
+    )
+    refused(path, r"'ema_decay' parameter of the model file must be .*\[0.0, 1.0\)")
+
+
+def test_save_names_a_subclass_parameter_that_files_cannot_hold(saved, tmp_path):
+    class WithExtra(SemiSupervisedAssociationClassifier):
+        extra = 1
+
+        @classmethod
+        def _get_param_names(cls):
+            return sorted([*super()._get_param_names(), "extra"])
+
+    clf = copy.deepcopy(saved[0])
+    clf.__class__ = WithExtra
+    with pytest.raises(ValueError, match="Cannot save parameter extra=1"):
+        clf.save(tmp_path / "m.skassoc")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["__class__", "callbacks", "_fit_context"])
@@ -565,6 +597,15 @@ def test_save_says_what_is_wrong_with_a_path_that_names_no_file(saved, tmp_path)
 )
 def test_load_of_a_file_that_cannot_seek_is_refused_clearly():
     # /proc's files say they are regular files but cannot seek from the end.
+    fd = os.open("/proc/self/status", os.O_RDONLY)
+    try:
+        os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        pass
+    else:
+        pytest.skip("this kernel's /proc files seek from their end")
+    finally:
+        os.close(fd)
     refused("/proc/self/status", "cannot be read as a file of known size")
 
 
@@ -629,6 +670,43 @@ def test_the_clean_up_takes_only_this_targets_temporary_files(saved, tmp_path):
         signal.signal(signal.SIGALRM, previous)
     remaining = sorted(p.name for p in tmp_path.iterdir())
     assert remaining == sorted([*kept, "m", "m.ba9876543210.skassoc-tmp"])
+
+
+@pytest.mark.skipif(fcntl is None, reason="needs POSIX file locks")
+def test_a_save_without_a_lock_leaves_no_temporary_file(saved, tmp_path, monkeypatch):
+    def no_lock(handle, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_lock)
+    with pytest.raises(OSError, match="No locks available"):
+        saved[0].save(tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_refuses_a_fifo_swapped_in_after_the_type_check(tmp_path, monkeypatch):
+    # The name is a regular file when looked at, then a FIFO when opened:
+    # load must refuse it, not wait for a writer.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    real_stat = os.stat
+
+    def swapped_stat(path, *args, **kwargs):
+        return real_stat(__file__ if str(path) == str(fifo) else path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", swapped_stat)
+    previous = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.alarm(30)
+    try:
+        refused(fifo, "not a regular file")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_load_follows_a_symlink_to_a_model_file(saved, tmp_path):
+    link = tmp_path / "link.skassoc"
+    link.symlink_to(saved[1])
+    SemiSupervisedAssociationClassifier.load(link, device="cpu")
 
 
 def _raise_timeout(signum, frame):

@@ -53,17 +53,34 @@ def write_archive(path, metadata, weights):
     write_atomically(path, write, "model files")
 
 
-def read_archive(path):
-    """The metadata (parsed), the weights member's name and its bytes."""
+def _open_regular(path):
+    """``path`` open for binary reading; InvalidModelFile if not a regular file.
+
+    The type is checked on the open descriptor, not the name, so that nothing
+    swapped in between the check and the open is read; the open does not
+    block, for a FIFO's would wait for a writer. Symbolic links are followed.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, PermissionError):
+        if os.path.isdir(path):  # Windows cannot open a folder
+            raise InvalidModelFile("it is not a regular file.") from None
         raise
     except OSError as exc:
         raise InvalidModelFile(f"cannot read it: {exc}") from None
-    if not stat.S_ISREG(mode):
-        raise InvalidModelFile("it is not a regular file.")
-    with open(path, "rb") as handle:
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidModelFile("it is not a regular file.")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_archive(path):
+    """The metadata (parsed), the weights member's name and its bytes."""
+    with _open_regular(path) as handle:
         try:
             _check_zip_bounds(handle)
         except (FileNotFoundError, PermissionError):

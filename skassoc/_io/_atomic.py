@@ -172,8 +172,16 @@ def _locked_temporary(path, what):
         handle = open(tmp_path, "xb")
         if fcntl is None:
             return handle, tmp_path
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        if _names_file(tmp_path, handle):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            named = _names_file(tmp_path, handle)
+        except BaseException:
+            # No lock (NFS without one, say): leave no temporary file behind.
+            handle.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_path)
+            raise
+        if named:
             return handle, tmp_path
         handle.close()
     raise OSError(

@@ -52,7 +52,8 @@ __all__ = [
     "read_tensors",
 ]
 
-#: The pickle of a state dict takes about 300 bytes a tensor.
+#: Bounds the pickle of a state dict, which lists each tensor's storage
+#: key and shape; a built-in network's fits well within it.
 MAX_PICKLE_BYTES = 2**20
 MAX_MEMBERS = 4096
 # Built-in networks' tensors have at most 4 dimensions (convolution

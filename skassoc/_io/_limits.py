@@ -21,14 +21,17 @@ __all__ = [
     "float_in",
     "sizes",
     "is_class_prior",
+    "image_size_domain",
+    "augmentation_domain",
+    "class_weight_domain",
 ]
 
-# metadata.json holds a few KiB of settings and a loss history of about a
-# hundred entries per curve; deflated JSON shrinks by a factor of about ten.
+# metadata.json holds settings and a bounded loss history; the ratio bounds
+# how far a deflated member may expand, which well-formed JSON stays within.
 MAX_METADATA_BYTES = 4 * 2**20
 MAX_METADATA_RATIO = 50
-# The safetensors header of a built-in network takes about 100 bytes a
-# tensor, and the largest has about 60 tensors.
+# The safetensors header lists each tensor's name, dtype, shape and offsets;
+# the largest built-in network's header fits well within this bound.
 MAX_HEADER_BYTES = 2**20
 # Limits on what a file may describe or ask the next fit to use; the user
 # guide's table of model file limits gives each one's reason.
@@ -87,8 +90,11 @@ def int_in(low, high, *also):
     return check
 
 
-def float_in(low, high, *also, low_open=False):
-    """A check for a finite real number in ``[low, high]``, or one of ``also``."""
+def float_in(low, high, *also, low_open=False, high_open=False):
+    """A check for a finite real number in ``[low, high]``, or one of ``also``.
+
+    ``low_open`` and ``high_open`` exclude the bound on their side.
+    """
 
     def check(value):
         if one_of(*also)(value):
@@ -102,7 +108,7 @@ def float_in(low, high, *also, low_open=False):
         return (
             math.isfinite(number)
             and (low < number if low_open else low <= number)
-            and number <= high
+            and (number < high if high_open else number <= high)
         )
 
     return check
@@ -123,11 +129,13 @@ def sizes(min_len, max_len, low=1, high=MAX_WIDTH, allow_none=False):
     return check
 
 
-def _image_size(value):
+def image_size_domain(value):
+    """A check for ``image_size``: None, one side, or ``[height, width]``."""
     return value is None or int_in(1, MAX_WIDTH)(value) or sizes(2, 2)(value)
 
 
-def _augmentation(value):
+def augmentation_domain(value):
+    """A check for ``augmentation``: None, "auto", "paper" or a dict of settings."""
     if value is None or value in ("auto", "paper"):
         return True
     if not isinstance(value, dict):
@@ -145,7 +153,7 @@ def _augmentation(value):
     )
 
 
-def _class_weight(value):
+def class_weight_domain(value):
     """None, "balanced", or a dict stored as ``[[label, weight], ...]``."""
     if value is None or value == "balanced":
         return True

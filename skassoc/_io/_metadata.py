@@ -13,11 +13,15 @@ from numbers import Real
 
 import numpy as np
 import torch
+from sklearn.utils._param_validation import (
+    InvalidParameterError,
+    validate_parameter_constraints,
+)
 
 from .._inputs import unlabeled_mask
 from .._model import ModelSpec
 from .._networks import NETWORKS
-from .._params import NEVER_FROM_FILE, SAFE_PARAMS
+from .._params import NEVER_FROM_FILE, PARAMETER_CONSTRAINTS, SAFE_PARAMS
 from .._prior import check_class_prior
 from .._utils import is_integer, user_stacklevel
 from .._version import __version__
@@ -158,6 +162,15 @@ def encode_params(params):
     for name, value in params.items():
         if name in NEVER_FROM_FILE:
             continue
+        domain = SAFE_PARAMS.get(name)
+        if domain is None:
+            # A subclass's own parameter: no domain says what load may accept.
+            raise ValueError(
+                f"Cannot save parameter {name}={value!r}: a model file holds "
+                "only AssociativeClassifier's own parameters, each within the "
+                "values load accepts, and this one has no such domain. Pickle "
+                "the estimator instead (trusted files only)."
+            )
         if name == "class_weight" and isinstance(value, dict):
             # JSON keys are strings; the labels keep their type as pairs.
             value = [[key, weight] for key, weight in value.items()]
@@ -182,7 +195,7 @@ def encode_params(params):
             ) from None
         # load refuses values outside these domains: a file with one could
         # never be loaded, so it is not written.
-        if not SAFE_PARAMS[name](encoded[name]):
+        if not domain(encoded[name]):
             raise ValueError(
                 f"Cannot save parameter {name}={value!r}: it is outside the "
                 "values a model file may hold (load would refuse the file). "
@@ -333,6 +346,14 @@ def decode_params(params):
         decoded[name] = (
             tuple(value) if name in _TUPLE_PARAMS and isinstance(value, list) else value
         )
+    # The domains bound each value alone; fit's own constraints must hold too,
+    # or the file would load and its refit fail.
+    try:
+        validate_parameter_constraints(
+            PARAMETER_CONSTRAINTS, decoded, caller_name="the model file"
+        )
+    except InvalidParameterError as error:
+        raise InvalidModelFile(str(error)) from None
     if ignored:
         warnings.warn(
             f"The model file sets {', '.join(ignored)}, which model files may "
