@@ -1,6 +1,7 @@
 """Shared fixtures: small data sets and a fast estimator configuration."""
 
 import os
+import stat
 
 # scikit-learn's check_array_api_input runs only with SciPy's array API
 # support switched on, which must happen before SciPy is first imported.
@@ -152,3 +153,24 @@ def _hide_labels(y, n_per_class, random_state=0):
         keep = rng.choice(members, size=min(n_per_class, len(members)), replace=False)
         y_semi[keep] = y[keep]
     return y_semi
+
+
+@pytest.fixture
+def make_special_file():
+    """Makes a FIFO, a directory or a character device (/dev/null's) at a path.
+
+    The device needs privileges: without them the test is skipped.
+    """
+
+    def make(path, kind):
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "directory":
+            path.mkdir()
+        else:
+            try:
+                os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+            except PermissionError:
+                pytest.skip("creating a device node needs privileges")
+
+    return make

@@ -3,7 +3,6 @@
 import importlib
 import json
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
@@ -199,26 +198,13 @@ def test_parser(bench):
             harness.parse(parser, bad)
 
 
-def _special_file(path, kind):
-    """A FIFO, a directory or a character device (/dev/null's) at ``path``."""
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "directory":
-        path.mkdir()
-    else:
-        try:
-            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
-        except PermissionError:
-            pytest.skip("creating a device node needs privileges")
-
-
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 def test_results_are_never_written_over_what_is_not_a_regular_file(
-    bench, tmp_path, capsys, kind
+    bench, tmp_path, capsys, make_special_file, kind
 ):
     harness, mnist = bench("_harness"), bench("bench_mnist")
     special = tmp_path / "special"
-    _special_file(special, kind)
+    make_special_file(special, kind)
     mode = os.lstat(special).st_mode
     with pytest.raises(ValueError, match="is not a regular file"):
         harness.write_text(special, "results\n")

@@ -258,25 +258,12 @@ def alarm():
     signal.signal(signal.SIGALRM, previous)
 
 
-def _make_special_file(path, kind):
-    """A FIFO, a directory or a character device (/dev/null's) at ``path``."""
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "directory":
-        path.mkdir()
-    else:
-        try:
-            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
-        except PermissionError:
-            pytest.skip("creating a device node needs privileges")
-
-
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 def test_a_target_that_is_not_a_regular_file_is_refused(
-    tiny_clf, tmp_path, alarm, kind
+    tiny_clf, tmp_path, alarm, make_special_file, kind
 ):
     path = tmp_path / "model.onnx"
-    _make_special_file(path, kind)
+    make_special_file(path, kind)
     with pytest.raises(ValueError, match="is not a regular file.*ONNX files are"):
         export_onnx(tiny_clf, path)
     assert os.path.exists(path) and not os.path.isfile(path)
