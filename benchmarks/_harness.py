@@ -9,7 +9,6 @@ and ``runs`` (keyed ``part/setting/labels/draw``, each with its provenance).
 """
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import fnmatch
@@ -18,7 +17,6 @@ import json
 import os
 import platform
 import re
-import secrets
 import stat
 import subprocess
 import sys
@@ -32,6 +30,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 # Benchmark the checkout the harness belongs to, installed or not.
 sys.path.insert(0, str(REPO_ROOT))
+
+# The results are written as skassoc writes its model files: one writer.
+from skassoc._io._atomic import write_atomically  # noqa: E402
 
 #: Confidence of the interval shown around each median.
 MEDIAN_CONFIDENCE = 0.95
@@ -202,9 +203,11 @@ def not_a_regular_file(path):
 
 
 def write_text(path, text):
-    """Write ``text`` whole: to a new file beside ``path``, renamed over it
-    (a reader never sees half a file; a link at ``path`` is replaced, not
-    written through).
+    """Write ``text`` whole, with the writer of skassoc's model files: to a
+    locked temporary file beside ``path``, renamed over it (a reader never
+    sees half a file; a link at ``path`` is replaced, not written through;
+    the replaced file's permissions are kept; a crashed writer's temporary
+    file is removed by the next write).
 
     Raises
     ------
@@ -216,18 +219,8 @@ def write_text(path, text):
     if problem:
         raise ValueError(problem)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # "x": never clobbers another writer's temporary file.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(tmp, "x") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    data = text.encode("utf-8")
+    write_atomically(os.fspath(path), lambda handle: handle.write(data), "results")
 
 
 def write_json(path, data):
