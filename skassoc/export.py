@@ -24,7 +24,7 @@ from ._classifier import SemiSupervisedAssociationClassifier
 from ._fitted import get_fitted_state
 from ._image_format import format_settings
 from ._io._atomic import check_target, write_atomically
-from .model_selection import StackedGridSearchCV
+from ._io._model_file import as_path
 
 __all__ = ["export_onnx"]
 
@@ -147,13 +147,11 @@ def _check_estimator(estimator):
 
 
 def _is_search(estimator):
-    """Whether ``estimator`` is a hyper-parameter search: one of skassoc's, or
-    one that scikit-learn's public API describes (a refitted best estimator,
-    or the ``estimator``, ``cv`` and ``refit`` parameters that its searches
-    share), without importing its private base class."""
-    if isinstance(estimator, StackedGridSearchCV) or hasattr(
-        estimator, "best_estimator_"
-    ):
+    """Whether ``estimator`` is a hyper-parameter search (scikit-learn's or
+    skassoc's): a refitted best estimator, or the ``estimator``, ``cv`` and
+    ``refit`` parameters that searches share, without importing
+    scikit-learn's private base class."""
+    if hasattr(estimator, "best_estimator_"):
         return True
     return all(hasattr(estimator, name) for name in ("estimator", "cv", "refit"))
 
@@ -429,7 +427,7 @@ def export_onnx(
     _check_estimator(estimator)
     check_is_fitted(estimator)
     _check_names(input_name, output_name)
-    path_name = os.fsdecode(path)
+    path_name = as_path(path)
     # Refused before the export, which takes a while, rather than after it.
     check_target(path_name, "ONNX files")
     dynamo = _uses_dynamo_exporter()

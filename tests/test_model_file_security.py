@@ -29,6 +29,7 @@ import torch
 from sklearn.base import clone
 
 import skassoc._classifier
+import skassoc._io._archive
 import skassoc._io._metadata
 import skassoc._losses
 from skassoc import (
@@ -1208,3 +1209,16 @@ def test_a_labeled_batch_set_by_hand_beyond_memory_is_refused(_digits, monkeypat
         ValueError, match=r"One training step needs about 2\d\d\.\d GiB"
     ):
         clf.fit(X[:200], np.where(np.arange(200) % 4 == 0, y[:200], -1))
+
+
+def test_save_refuses_metadata_that_load_would_not_read_back(
+    saved, tmp_path, monkeypatch
+):
+    # The metadata's size limit on load holds on save too, so a saved file
+    # always loads; lowered here so that an ordinary model exceeds it.
+    clf = saved[0]
+    monkeypatch.setattr(skassoc._io._archive, "MAX_METADATA_BYTES", 1000)
+    path = tmp_path / "model.skassoc"
+    with pytest.raises(ValueError, match="beyond what load reads back"):
+        clf.save(path)
+    assert list(tmp_path.iterdir()) == []

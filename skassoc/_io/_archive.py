@@ -38,7 +38,22 @@ def write_archive(path, metadata, weights):
         The content of ``metadata.json``.
     weights : bytes
         The content of ``weights.safetensors``.
+
+    Raises
+    ------
+    ValueError
+        If ``metadata`` is beyond what :func:`read_archive` reads back;
+        nothing is written then.
     """
+    compressed = _deflate(metadata)
+    if len(metadata) > _metadata_limit(len(compressed)):
+        raise ValueError(
+            f"Cannot save: its {METADATA_MEMBER} would take {len(metadata)} bytes "
+            f"({len(compressed)} deflated), beyond what load reads back "
+            f"({MAX_METADATA_BYTES} bytes at most, {MAX_METADATA_RATIO} times "
+            "its deflated size beyond 64 KiB). Pickle the estimator instead "
+            "(trusted files only)."
+        )
 
     def write(handle):
         with zipfile.ZipFile(handle, "w") as archive:
@@ -51,6 +66,17 @@ def write_archive(path, metadata, weights):
             archive.writestr(WEIGHTS_MEMBER, weights, compress_type=zipfile.ZIP_STORED)
 
     write_atomically(path, write, "model files")
+
+
+def _metadata_limit(compressed_size):
+    """The most bytes a metadata member of ``compressed_size`` may inflate to."""
+    return min(MAX_METADATA_BYTES, MAX_METADATA_RATIO * compressed_size + 2**16)
+
+
+def _deflate(data):
+    """``data`` deflated as zipfile's ZIP_DEFLATED writes it."""
+    compressor = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, -15)
+    return compressor.compress(data) + compressor.flush()
 
 
 def _open_regular(path):
@@ -172,7 +198,7 @@ def _read_member(archive, member):
             raise InvalidModelFile(f"{member} is compressed; it is always stored.")
         limit = info.compress_size
     else:
-        limit = min(MAX_METADATA_BYTES, MAX_METADATA_RATIO * info.compress_size + 2**16)
+        limit = _metadata_limit(info.compress_size)
     if info.file_size > limit:
         raise InvalidModelFile(
             f"{member} declares {info.file_size} bytes, more than the "

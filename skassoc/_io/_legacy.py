@@ -29,10 +29,11 @@ import torch
 
 from .._params import NEVER_FROM_FILE
 from .._prior import uniform_prior
+from .._utils import is_integer
 from .._version import __version__
 from ._archive import read_archive, write_archive
 from ._format import FORMAT_VERSION, LEGACY_WEIGHTS_MEMBER, InvalidModelFile
-from ._limits import MAX_WIDTH
+from ._limits import MAX_FEATURES
 from ._metadata import (
     check_checksum,
     check_format,
@@ -59,7 +60,7 @@ MAX_MEMBERS = 4096
 # Built-in networks' tensors have at most 4 dimensions (convolution
 # kernels), none longer than the widest input (n_features).
 MAX_DIMENSIONS = 8
-MAX_DIMENSION_SIZE = MAX_WIDTH**2
+MAX_DIMENSION_SIZE = MAX_FEATURES
 # What torch.save calls its globals, and the storage types it may name.
 _DICT_CLASS = ("collections", "OrderedDict")
 _REBUILD_TENSOR = ("torch._utils", "_rebuild_tensor_v2")
@@ -437,7 +438,7 @@ def _storage(pid):
         and pid[1].name in STORAGE_DTYPES
         and _is_key(pid[2])
         and pid[3] == "cpu"
-        and _is_int(pid[4])
+        and is_integer(pid[4])
         and pid[4] >= 0
     )
     if not valid:
@@ -481,7 +482,7 @@ def _check_shape(shape, shapes):
     if not isinstance(shape, tuple):
         raise LegacyWeightsError("a tensor's shape is not a tuple of sizes.")
     if len(shape) > MAX_DIMENSIONS or not all(
-        _is_int(size) and 0 <= size <= MAX_DIMENSION_SIZE for size in shape
+        is_integer(size) and 0 <= size <= MAX_DIMENSION_SIZE for size in shape
     ):
         raise LegacyWeightsError(
             f"a tensor's shape has {len(shape)} dimensions or sizes out of bounds "
@@ -513,10 +514,6 @@ def _global(arg):
     return _Global((module, name))
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_key(value):
     return isinstance(value, str) and value.isascii() and value.isdigit()
 
@@ -532,7 +529,7 @@ def _is_contiguous(shape, stride):
     if not (
         isinstance(stride, tuple)
         and len(shape) == len(stride)
-        and all(_is_int(v) and v >= 0 for v in stride)
+        and all(is_integer(v) and v >= 0 for v in stride)
     ):
         return False
     step = 1

@@ -36,6 +36,7 @@ MAX_HEADER_BYTES = 2**20
 # Limits on what a file may describe or ask the next fit to use; the user
 # guide's table of model file limits gives each one's reason.
 MAX_WIDTH = 2**16  # embedding, hidden layers, image sides, classes
+MAX_FEATURES = MAX_WIDTH**2  # values of one sample (n_features)
 MAX_LAYERS = 64
 MAX_STEPS = 10**5
 MAX_BATCH = 2**16

@@ -36,6 +36,7 @@ from ._format import (
 from ._limits import (
     CLASS_DTYPES,
     CLASS_VALUE_CHECKS,
+    MAX_FEATURES,
     MAX_LABEL_ARRAY_CHARS,
     MAX_LABEL_CHARS,
     MAX_LAYERS,
@@ -398,7 +399,7 @@ def decode_spec(entry, n_classes):
     if not sizes(3, 3, allow_none=True)(shape):
         raise InvalidModelFile(f"bad input_shape {str(shape)[:60]}.")
     n_features = field(entry, "n_features", int)
-    if not 1 <= n_features <= MAX_WIDTH**2:
+    if not 1 <= n_features <= MAX_FEATURES:
         raise InvalidModelFile(f"n_features {n_features} is out of bounds.")
     if shape is not None and math.prod(shape) != n_features:
         raise InvalidModelFile(
