@@ -32,7 +32,7 @@ RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(REPO_ROOT))
 
 # The results are written as skassoc writes its model files: one writer.
-from skassoc._io._atomic import write_atomically  # noqa: E402
+from skassoc._io._atomic import check_target, write_atomically  # noqa: E402
 
 #: Confidence of the interval shown around each median.
 MEDIAN_CONFIDENCE = 0.95
@@ -186,22 +186,6 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def not_a_regular_file(path):
-    """Why ``path`` must not be written over (it exists and is not a regular
-    file or a link), or None."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return None
-    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
-        return None
-    return (
-        f"{path} exists and is not a regular file (a directory, FIFO or device); "
-        "the benchmarks write their results only over regular files: name "
-        "another path"
-    )
-
-
 def write_text(path, text):
     """Write ``text`` whole, with the writer of skassoc's model files: to a
     locked temporary file beside ``path``, renamed over it (a reader never
@@ -215,9 +199,6 @@ def write_text(path, text):
         If ``path`` exists and is not a regular file or a link.
     """
     path = Path(path)
-    problem = not_a_regular_file(path)
-    if problem:
-        raise ValueError(problem)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8")
     write_atomically(os.fspath(path), lambda handle: handle.write(data), "results")
@@ -328,9 +309,12 @@ def check_targets(parser, *paths):
     """A usage error, before anything runs, where a path the script will
     write exists and is not a regular file."""
     for path in paths:
-        problem = not_a_regular_file(path)
-        if problem:
-            parser.error(problem)
+        try:
+            check_target(os.fspath(path), "results")
+        except FileNotFoundError:
+            pass  # its folder is made when the results are written
+        except ValueError as exc:
+            parser.error(str(exc))
 
 
 def _shard(parser, args):
