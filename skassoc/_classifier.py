@@ -57,6 +57,7 @@ from ._settings import (
     step_memory_bytes,
 )
 from ._training import (
+    embedding_chunk_size,
     load_torch_dynamo,
     train,
     warn_if_labels_unlearned,
@@ -1166,10 +1167,6 @@ def _check_step_memory(settings, model, activation_bytes):
     if available is None:
         return
     n_classes = model.logits.out_features
-    has_batch_norm = any(
-        isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
-        for module in model.modules()
-    )
     needed = step_memory_bytes(
         n_labeled=n_classes * settings.labeled_per_class,
         n_unlabeled=settings.unlabeled_batch_size,
@@ -1177,8 +1174,7 @@ def _check_step_memory(settings, model, activation_bytes):
         embedding_dim=model.logits.in_features,
         activation_bytes=activation_bytes,
         n_parameters=sum(p.numel() for p in model.parameters()),
-        # The step never chunks a network with batch norm (see _training).
-        chunk_size=None if has_batch_norm else settings.training.embedding_chunk_size,
+        chunk_size=embedding_chunk_size(model, settings.training),
     )
     if needed > available:
         raise ValueError(

@@ -298,6 +298,10 @@ class StepLoss:
         #: The names of the tensor a call returns.
         self.names = ("total", *(term.name for term in self.terms))
         self.needs = needs_of(self.terms)
+        # Fixed with the terms: a step sums the association terms, scales
+        # them, then adds the others, each group in registration order.
+        self._association = [i for i, t in enumerate(self.terms) if t.association]
+        self._others = [i for i, t in enumerate(self.terms) if not t.association]
 
     def weights(self, loss_weights):
         """The weights of :attr:`terms`, in order, from a fit's ``loss_weights``."""
@@ -317,17 +321,13 @@ class StepLoss:
             embeddings, logits, labels, n_batch, self.frequencies, labeled_weights
         )
         values = [term(step) for term in self.terms]
-        association, others = None, []
-        for index, (term, value) in enumerate(zip(self.terms, values, strict=True)):
-            weighted = weights[index] * value
-            if not term.association:
-                others.append(weighted)
-            elif association is None:
-                association = weighted
-            else:
-                association = association + weighted
+        association = None
+        for index in self._association:
+            weighted = weights[index] * values[index]
+            association = weighted if association is None else association + weighted
         total = None if association is None else scale * association
-        for weighted in others:
+        for index in self._others:
+            weighted = weights[index] * values[index]
             total = weighted if total is None else total + weighted
         return torch.stack([total, *values])
 

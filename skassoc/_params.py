@@ -9,7 +9,7 @@ stacked candidates may differ in it. From it come
 - ``_parameter_constraints`` (:data:`PARAMETER_CONSTRAINTS`);
 - the parameters a model file may set, each with its domain
   (:data:`SAFE_PARAMS`), and those it never sets (:data:`NEVER_FROM_FILE`);
-- the parameters stacked candidates may differ in (:data:`STACKED_VARYING`);
+- the parameters stacked candidates may differ in (:func:`varying_params`);
   they share every other one;
 - the values that ``resolve_fit_settings`` copies into the training
   configuration (:attr:`Param.to_training`).
@@ -64,7 +64,8 @@ __all__ = [
     "PARAMETER_CONSTRAINTS",
     "SAFE_PARAMS",
     "NEVER_FROM_FILE",
-    "STACKED_VARYING",
+    "varying_params",
+    "param_value",
     "loss_weight",
     "add_param",
     "remove_param",
@@ -479,12 +480,36 @@ SAFE_PARAMS = {
 NEVER_FROM_FILE = tuple(p.name for p in PARAMS if p.file_domain is NOT_FROM_FILES)
 
 
-def _stacked_varying(params):
-    return tuple(p.name for p in params if p.stacked == "vary")
+def varying_params():
+    """The parameters in which stacked candidates may differ.
+
+    The rows of :data:`PARAMS` whose ``stacked`` is ``"vary"``, read at
+    call time: a loss term may add its weight while the process runs.
+    Stacked candidates share every other parameter.
+
+    Returns
+    -------
+    names : tuple of str
+    """
+    return tuple(p.name for p in PARAMS if p.stacked == "vary")
 
 
-#: The parameters in which stacked candidates may differ.
-STACKED_VARYING = _stacked_varying(PARAMS)
+def param_value(estimator, name):
+    """The value of the parameter ``name`` on ``estimator``.
+
+    A row added at run time (with a loss term) is a parameter of the classes
+    made for it, not of an estimator built without it: that one takes the
+    row's default (a loss weight of 0, say).
+
+    Raises
+    ------
+    KeyError
+        If :data:`PARAMS` has no row ``name``.
+    """
+    default = {p.name: p.default for p in PARAMS}[name]
+    return getattr(estimator, name, default)
+
+
 # The rows of the table's source, which remove_param leaves alone.
 _SOURCE_ROWS = frozenset(p.name for p in PARAMS)
 
@@ -504,7 +529,7 @@ def add_param(param):
         may not set it (``NEVER_FROM_FILE`` is fixed when the model-file
         modules load).
     """
-    global PARAMS, STACKED_VARYING
+    global PARAMS
     if any(p.name == param.name for p in PARAMS):
         raise ValueError(f"The table has a row {param.name!r} already.")
     if param.part != "losses" or param.file_domain is NOT_FROM_FILES:
@@ -516,15 +541,13 @@ def add_param(param):
     # In place: the estimator and the model-file modules hold these dicts.
     PARAMETER_CONSTRAINTS[param.name] = list(param.constraints)
     SAFE_PARAMS[param.name] = param.file_domain
-    STACKED_VARYING = _stacked_varying(PARAMS)
 
 
 def remove_param(name):
     """Remove the row ``name`` that :func:`add_param` added."""
-    global PARAMS, STACKED_VARYING
+    global PARAMS
     if name in _SOURCE_ROWS or name not in PARAMETER_CONSTRAINTS:
         raise ValueError(f"{name!r} is no row that add_param added.")
     PARAMS = tuple(p for p in PARAMS if p.name != name)
     del PARAMETER_CONSTRAINTS[name]
     del SAFE_PARAMS[name]
-    STACKED_VARYING = _stacked_varying(PARAMS)

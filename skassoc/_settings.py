@@ -174,10 +174,7 @@ def copied_settings(estimator):
     for param in _params.PARAMS:
         if param.to_training is None:
             continue
-        # A row registered at run time (with a loss term) is a parameter of
-        # the classes made for it, not of an estimator built without it:
-        # that one trains with the row's default (a weight of 0, say).
-        value = param.to_training(getattr(estimator, param.name, param.default))
+        value = param.to_training(_params.param_value(estimator, param.name))
         if param.part == "losses":
             copied["loss_weights"][param.name] = value
         else:

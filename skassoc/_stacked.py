@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from sklearn.base import clone
 
-from . import _params
 from ._batches import make_batches
 from ._device import (
     autocast_context,
@@ -58,6 +57,7 @@ from ._fitted import FittedState, set_fitted_state
 from ._inputs import validate_training_inputs
 from ._loss_terms import LOSS_TERMS, StepLoss, active_terms
 from ._networks import weight_tensors
+from ._params import param_value, varying_params
 from ._settings import (
     embeds_feature_vectors,
     resolve_consistency_weight,
@@ -81,14 +81,6 @@ __all__ = ["fit_candidates", "varying_params", "STACKINGS"]
 
 #: How the candidates are computed (see the module's docstring).
 STACKINGS = ("auto", "vmap", "streams")
-
-
-def varying_params():
-    """The parameters in which stacked candidates may differ: the loss
-    weights whose rows of ``skassoc._params.PARAMS`` say so (read at call
-    time: a loss term may be registered while the process runs). They
-    share every other one."""
-    return _params.STACKED_VARYING
 
 
 def check_candidate_params(param_list):
@@ -135,7 +127,7 @@ def _check_shared(estimator, stacking):
     for term in LOSS_TERMS.values():
         if "class_frequencies" in term.needs:
             weight = term.weight_param
-            refused[weight] = (getattr(estimator, weight) != 0, 0)
+            refused[weight] = (param_value(estimator, weight) != 0, 0)
     advice = [f"{name}={value!r}" for name, (on, value) in refused.items() if on]
     if advice:
         raise ValueError(
@@ -260,7 +252,7 @@ def fit_candidates(
 def _candidate_config(training, candidate):
     """``training`` with the loss weights in which ``candidate`` may differ."""
     weights = dict(training.loss_weights)
-    weights.update({n: float(getattr(candidate, n)) for n in varying_params()})
+    weights.update({n: float(param_value(candidate, n)) for n in varying_params()})
     return replace(training, loss_weights=weights)
 
 
@@ -297,7 +289,8 @@ def _set_states(trained, n_iter, failed, inputs, settings):
 def _failure_message(candidates, failed, outcome=None):
     """Which candidates' loss became NaN or infinite, and what to do."""
     names = [
-        {n: getattr(candidates[i], n) for n in varying_params()} for i in sorted(failed)
+        {n: param_value(candidates[i], n) for n in varying_params()}
+        for i in sorted(failed)
     ]
     outcome = f"; {outcome}" if outcome else ""
     return (

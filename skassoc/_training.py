@@ -35,6 +35,7 @@ __all__ = [
     "TrainingResult",
     "train",
     "NonFiniteLossError",
+    "embedding_chunk_size",
 ]
 
 #: The values of the estimator's ``lr_schedule`` (see LearningRateFactor).
@@ -115,6 +116,20 @@ def association_scale(step_count, config):
         )
         return ramp.clamp(0.0, 1.0)
     return (step_count >= config.association_delay).float()
+
+
+def embedding_chunk_size(model, config):
+    """The most samples ``model`` embeds at once in a step (None: no limit).
+
+    ``config.embedding_chunk_size``, except for a network with batch norm,
+    which is never chunked: its batch statistics would change with the
+    chunking (see ``_AssociationStep.embed``).
+    """
+    has_batch_norm = any(
+        isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+        for module in model.modules()
+    )
+    return None if has_batch_norm else config.embedding_chunk_size
 
 
 def step_batch_layout(config, device, embedder):
@@ -225,11 +240,7 @@ class _AssociationStep:
                 "(consistency_weight > 0) needs an augmentation."
             )
         self.params = list(model.parameters())
-        has_batch_norm = any(
-            isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
-            for module in model.modules()
-        )
-        self.chunk_size = None if has_batch_norm else config.embedding_chunk_size
+        self.chunk_size = embedding_chunk_size(model, config)
         # The compiled pass is built here, before any step: bad options fail
         # the fit before training. It compiles at its first call (the first
         # warm-up step), and a network of the same structure in a later fit

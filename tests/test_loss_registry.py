@@ -192,6 +192,24 @@ def test_an_estimator_without_the_registered_parameter_fits_at_its_default(
     assert plain.history_ == _toy(fast_params, toy_weight=0.0).fit(X, y).history_
 
 
+def test_a_stacked_fit_without_the_registered_parameter_uses_its_default(
+    blobs, fast_params, toy_loss
+):
+    """A plain estimator's stacked candidates, built without toy_weight,
+    train with the row's default weight (0), as its plain fit does."""
+    X, y = blobs
+    plain = SemiSupervisedAssociationClassifier(**fast_params)
+    grid = [{"visit_weight": 0.5}, {"visit_weight": 1.0}]
+    fitted = fit_candidates(plain, grid, X, y)
+    for params, stacked in zip(grid, fitted, strict=True):
+        assert not hasattr(stacked, "toy_weight")
+        assert "toy" not in stacked.history_
+        separate = _toy(fast_params, toy_weight=0.0, **params).fit(X, y)
+        np.testing.assert_allclose(
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
+        )
+
+
 def test_the_row_validates_the_new_parameter(blobs, fast_params, toy_loss):
     X, y = blobs
     with pytest.raises(InvalidParameterError, match="toy_weight"):
@@ -243,7 +261,7 @@ def test_registration_is_undone_completely():
         _params.PARAMS,
         dict(_params.PARAMETER_CONSTRAINTS),
         dict(_params.SAFE_PARAMS),
-        _params.STACKED_VARYING,
+        _params.varying_params(),
         dict(LOSS_TERMS),
     )
     with toy_registered():
@@ -252,13 +270,13 @@ def test_registration_is_undone_completely():
             "toy_weight" in SemiSupervisedAssociationClassifier._parameter_constraints
         )
         assert "toy_weight" in _params.SAFE_PARAMS
-        assert "toy_weight" in _params.STACKED_VARYING
+        assert "toy_weight" in _params.varying_params()
         assert list(LOSS_TERMS)[-1] == "toy"
     after = (
         _params.PARAMS,
         dict(_params.PARAMETER_CONSTRAINTS),
         dict(_params.SAFE_PARAMS),
-        _params.STACKED_VARYING,
+        _params.varying_params(),
         dict(LOSS_TERMS),
     )
     assert after == before

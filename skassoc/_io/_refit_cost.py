@@ -5,8 +5,10 @@ import math
 from .._defaults import MAX_LABELED_PER_CLASS, MAX_UNLABELED_BATCH_SIZE, network_macs
 from .._defaults import MAX_STEPS as AUTO_MAX_STEPS
 from .._image_format import check_image_size, formatted_shape
+from .._loss_terms import LOSS_TERMS
 from .._model import ModelSpec
 from .._networks import auto_network_name
+from .._params import PARAMS
 from .._settings import walker_memory_bytes
 from ._limits import MAX_BATCH, MAX_FIT_MACS, MAX_STEP_BYTES
 from ._weights import meta_model
@@ -38,7 +40,7 @@ def refit_cost_problem(params, spec):
     )
     n_unlabeled = _at_most(params, "unlabeled_batch_size", MAX_UNLABELED_BATCH_SIZE)
     steps = _at_most(params, "max_iter", AUTO_MAX_STEPS)
-    views = 1 if params.get("consistency_weight", "auto") == 0 else 2
+    views = _views(params)
     if n_labeled > MAX_BATCH:
         return (
             f"labeled_per_class x {spec.n_classes} classes = {n_labeled} "
@@ -65,6 +67,18 @@ def refit_cost_problem(params, spec):
                 f"multiply-adds, more than {MAX_FIT_MACS:.0e}"
             )
     return None
+
+
+def _views(params):
+    """How many views of the unlabeled batch a step embeds: two where a loss
+    term that is on (a weight of ``"auto"`` counts as on) needs a second
+    one (the consistency loss), else one."""
+    defaults = {p.name: p.default for p in PARAMS}
+    for term in LOSS_TERMS.values():
+        weight = params.get(term.weight_param, defaults.get(term.weight_param, 0))
+        if "second_view" in term.needs and (not term.optional or weight != 0):
+            return 2
+    return 1
 
 
 def _at_most(params, name, auto_bound):
