@@ -12,7 +12,7 @@ import warnings
 import _harness as h
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
-from skassoc._stacked import fit_candidates
+from skassoc._engine._stacked import fit_candidates
 
 CANDIDATES = [
     {"walker_weight": w, "visit_weight": v}

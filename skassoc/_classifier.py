@@ -18,13 +18,19 @@ from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_consistent_length, column_or_1d
 from tqdm.auto import tqdm
 
-from ._batches import make_batches
-from ._device import (
+from ._engine._batches import make_batches
+from ._engine._device import (
     autocast_context,
     cuda_rng_lock,
     precision_context,
     seeded_rng,
     torch_threads,
+)
+from ._engine._training import (
+    embedding_chunk_size,
+    load_torch_dynamo,
+    train,
+    warn_if_labels_unlearned,
 )
 from ._fitted import FittedState, get_fitted_state, is_fitted, set_fitted_state
 from ._inputs import (
@@ -38,7 +44,7 @@ from ._inputs import (
     validate_training_inputs,
 )
 from ._io._model_file import load_model, save_model
-from ._model import build_model, check_custom_module, placed, probe_embedder
+from ._nn._model import build_model, check_custom_module, placed, probe_embedder
 from ._params import PARAMETER_CONSTRAINTS
 from ._prior import (
     apply_class_prior,
@@ -55,12 +61,6 @@ from ._settings import (
     resolve_precision,
     resolve_predict_batch_size,
     step_memory_bytes,
-)
-from ._training import (
-    embedding_chunk_size,
-    load_torch_dynamo,
-    train,
-    warn_if_labels_unlearned,
 )
 from ._utils import user_stacklevel
 

@@ -21,7 +21,7 @@ an argument of the constructor (stored as it is), its entry in the
 docstring's Parameters section and in ``docs/parameters.rst``; a setting
 that is not a plain copy (an ``"auto"``, a check against the data) is
 resolved in ``skassoc._settings``. The weight of a loss term is a row of part
-``"losses"``, named by the term's ``weight_param`` (``skassoc._loss_terms``).
+``"losses"``, named by the term's ``weight_param`` (``skassoc._engine._loss_terms``).
 
 :func:`add_param` adds a row while the process runs, for a loss term
 registered from outside the package (as ``tests/test_loss_registry.py``
@@ -35,7 +35,9 @@ import numpy as np
 import torch
 from sklearn.utils._param_validation import Interval, Options, StrOptions
 
-from ._batches import UNLABELED_POOLS
+from ._engine._batches import UNLABELED_POOLS
+from ._engine._sampling import UNLABELED_SAMPLINGS
+from ._engine._training import LR_SCHEDULES
 from ._io._limits import (
     MAX_BATCH,
     MAX_LAYERS,
@@ -52,9 +54,7 @@ from ._io._limits import (
     one_of,
     sizes,
 )
-from ._networks import NETWORKS
-from ._sampling import UNLABELED_SAMPLINGS
-from ._training import LR_SCHEDULES
+from ._nn._networks import NETWORKS
 
 __all__ = [
     "Param",
@@ -518,7 +518,7 @@ def add_param(param):
     """Add ``param`` to the table and to everything derived from it.
 
     For a row that the table's source does not hold: the weight of a loss
-    term registered while the process runs (see ``skassoc._loss_terms``).
+    term registered while the process runs (see ``skassoc._engine._loss_terms``).
     The estimator needs the constructor argument too (a subclass's).
 
     Raises

@@ -14,7 +14,6 @@ import torch
 from sklearn.utils import check_random_state
 
 from . import _params
-from ._augmentation import resolve_augmentation
 from ._defaults import (
     AUTO_CONSISTENCY_WEIGHT,
     auto_feature_noise,
@@ -24,14 +23,15 @@ from ._defaults import (
     cpu_step_seconds,
     network_macs,
 )
-from ._device import cpu_has_native_bf16, resolve_device
-from ._image_format import check_image_size
+from ._engine._augmentation import resolve_augmentation
+from ._engine._device import cpu_has_native_bf16, resolve_device
+from ._engine._loss_terms import active_terms, needs_of
+from ._engine._training import TrainingConfig, default_log_interval
 from ._inputs import UNLABELED
-from ._loss_terms import active_terms, needs_of
-from ._model import ModelSpec, is_builtin, spec_of_model
-from ._networks import NETWORKS, auto_network_name
+from ._nn._image_format import check_image_size
+from ._nn._model import ModelSpec, is_builtin, spec_of_model
+from ._nn._networks import NETWORKS, auto_network_name
 from ._prior import check_class_prior, training_class_prior
-from ._training import TrainingConfig, default_log_interval
 from ._utils import is_integer
 
 __all__ = ["FitSettings", "describe_settings", "fit_seed", "resolve_fit_settings"]

@@ -22,9 +22,9 @@ from torch import nn
 
 from ._classifier import SemiSupervisedAssociationClassifier
 from ._fitted import get_fitted_state
-from ._image_format import format_settings
 from ._io._atomic import check_target, write_atomically
 from ._io._model_file import as_path
+from ._nn._image_format import format_settings
 
 __all__ = ["export_onnx"]
 

@@ -40,9 +40,9 @@ from sklearn.utils._param_validation import HasMethods, StrOptions
 from sklearn.utils.metadata_routing import MetadataRequest
 from sklearn.utils.validation import _num_samples, column_or_1d
 
+from ._engine._stacked import STACKINGS, check_candidate_params, fit_candidates
 from ._fitted import is_fitted
 from ._inputs import unlabeled_mask
-from ._stacked import STACKINGS, check_candidate_params, fit_candidates
 
 __all__ = [
     "SemiSupervisedKFold",
@@ -468,7 +468,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
 
     Like :class:`~sklearn.model_selection.GridSearchCV`, but every
     candidate of a fold trains in one loop with the others
-    (``skassoc._stacked.fit_candidates``): they share the batches and
+    (``skassoc._engine._stacked.fit_candidates``): they share the batches and
     the initial weights of the estimator's ``random_state``, so each
     candidate's scores are those of a separate fit up to float rounding,
     while a GPU computes the candidates side by side. The grid may vary the
@@ -494,7 +494,8 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         Score of a candidate whose training loss became NaN or infinite; with
         ``"raise"``, the search raises at the first fold where one does.
     stacking : {"auto", "vmap", "streams"}, default="auto"
-        How the candidates are computed (``fit_candidates`` in ``skassoc._stacked``).
+        How the candidates are computed (``fit_candidates`` in
+        ``skassoc._engine._stacked``).
 
     Attributes
     ----------

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from sklearn.utils.validation import check_is_fitted
 
-from ._losses import association_matrices
+from ._engine._losses import association_matrices
 from ._utils import is_integer
 
 __all__ = ["plot_association_graph", "plot_nearest_neighbors"]

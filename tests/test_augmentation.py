@@ -4,9 +4,9 @@ import torch
 from sklearn.datasets import load_digits
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._augmentation import ImageAugmentation, resolve_augmentation
-from skassoc._batches import DeviceBatches
-from skassoc._networks import MNISTNet
+from skassoc._engine._augmentation import ImageAugmentation, resolve_augmentation
+from skassoc._engine._batches import DeviceBatches
+from skassoc._nn._networks import MNISTNet
 
 
 @pytest.fixture

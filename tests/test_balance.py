@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._stacked import fit_candidates
+from skassoc._engine._stacked import fit_candidates
 
 
 def test_balance_loss_is_recorded_and_changes_the_fit(fast_params, blobs_semi):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import skassoc._batches
 import skassoc._classifier
-import skassoc._sampling
-import skassoc._training
+import skassoc._engine._batches
+import skassoc._engine._sampling
+import skassoc._engine._training
 from skassoc import SemiSupervisedAssociationClassifier
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -56,7 +56,7 @@ def _anonymous_memory_kib():
     raise RuntimeError("RssAnon not found")
 
 
-class _RecordingHostBatches(skassoc._batches.HostBatches):
+class _RecordingHostBatches(skassoc._engine._batches.HostBatches):
     inputs_seen = []
 
     def __init__(self, inputs, *args, **kwargs):
@@ -89,7 +89,7 @@ def test_memory_maps_are_used_where_they_are(
         X_fit = mapped = write_memmap(tmp_path / "X.npy", X_ref)
         params = {"network": "mnist"}
     monkeypatch.setattr(_RecordingHostBatches, "inputs_seen", [])
-    monkeypatch.setattr(skassoc._batches, "HostBatches", _RecordingHostBatches)
+    monkeypatch.setattr(skassoc._engine._batches, "HostBatches", _RecordingHostBatches)
     params = {**SMALL_IMAGE_FIT, **params, "max_iter": 10}
     from_disk = SemiSupervisedAssociationClassifier(**params).fit(X_fit, y_semi)
     (inputs,) = _RecordingHostBatches.inputs_seen
@@ -201,8 +201,8 @@ def _with_chunk_size(monkeypatch, chunk_size):
     monkeypatch.setattr(
         skassoc._classifier, "resolve_fit_settings", resolve_fit_settings
     )
-    spy = _CountingCheckpoint(skassoc._training.checkpoint)
-    monkeypatch.setattr(skassoc._training, "checkpoint", spy)
+    spy = _CountingCheckpoint(skassoc._engine._training.checkpoint)
+    monkeypatch.setattr(skassoc._engine._training, "checkpoint", spy)
     return spy
 
 
@@ -244,7 +244,7 @@ def test_fit_deals_unlabeled_samples_in_passes(
     if storage == "memory_map":
         X = write_memmap(tmp_path / "X.npy", X)
     dealt = []
-    sample = skassoc._sampling.AssociationBatchSampler.sample
+    sample = skassoc._engine._sampling.AssociationBatchSampler.sample
 
     def recording_sample(sampler):
         labeled, unlabeled = sample(sampler)
@@ -252,7 +252,7 @@ def test_fit_deals_unlabeled_samples_in_passes(
         return labeled, unlabeled
 
     monkeypatch.setattr(
-        skassoc._sampling.AssociationBatchSampler, "sample", recording_sample
+        skassoc._engine._sampling.AssociationBatchSampler, "sample", recording_sample
     )
     params = {**SMALL_IMAGE_FIT, "network": "mnist", "unlabeled_batch_size": 30}
     clf = SemiSupervisedAssociationClassifier(

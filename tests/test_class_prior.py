@@ -18,10 +18,11 @@ from skassoc import (
     convert_model_file,
     recipe_params,
 )
-from skassoc._batches import make_batches
+from skassoc._engine._batches import make_batches
+from skassoc._engine._losses import LOG_EPSILON, visit_loss
+from skassoc._engine._training import class_frequencies, visit_start_weights
 from skassoc._inputs import HELD_OUT, UNLABELED, validate_training_inputs
 from skassoc._io._format import METADATA_MEMBER, WEIGHTS_MEMBER
-from skassoc._losses import LOG_EPSILON, visit_loss
 from skassoc._prior import (
     apply_class_prior,
     estimate_class_prior,
@@ -30,7 +31,6 @@ from skassoc._prior import (
     uniform_prior,
 )
 from skassoc._settings import fit_seed, resolve_fit_settings
-from skassoc._training import class_frequencies, visit_start_weights
 
 
 def _posteriors(n_first, n_second, rng):

@@ -7,8 +7,8 @@ from sklearn.datasets import load_digits
 from sklearn.utils._param_validation import InvalidParameterError
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._augmentation import ImageAugmentation
-from skassoc._losses import (
+from skassoc._engine._augmentation import ImageAugmentation
+from skassoc._engine._losses import (
     LOG_EPSILON,
     association_matrices,
     consistency_loss,

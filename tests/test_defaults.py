@@ -15,7 +15,7 @@ from skassoc._defaults import (
     cpu_step_seconds,
     network_macs,
 )
-from skassoc._networks import build_network
+from skassoc._nn._networks import build_network
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ import torch
 from sklearn.datasets import load_digits
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._augmentation import FEATURE_NOISE, FeatureNoise, resolve_augmentation
 from skassoc._defaults import (
     MAX_FEATURE_NOISE,
     NOISE_PER_SPACING,
@@ -15,9 +14,14 @@ from skassoc._defaults import (
     SPACING_VALUES,
     auto_feature_noise,
 )
-from skassoc._networks import MLPNet
+from skassoc._engine._augmentation import (
+    FEATURE_NOISE,
+    FeatureNoise,
+    resolve_augmentation,
+)
+from skassoc._engine._stacked import fit_candidates
+from skassoc._nn._networks import MLPNet
 from skassoc._settings import fit_seed
-from skassoc._stacked import fit_candidates
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 import torch
 from sklearn.utils.class_weight import compute_class_weight
 
-import skassoc._batches
-import skassoc._training
+import skassoc._engine._batches
+import skassoc._engine._training
 from skassoc import SemiSupervisedAssociationClassifier
 
 NO_MINUS_ONE = "no label is -1"
@@ -30,14 +30,14 @@ def assert_same_weights(a, b):
 def drawn_pools(monkeypatch):
     """Record the unlabeled pool of every fit."""
     pools = []
-    original = skassoc._batches.unlabeled_pool
+    original = skassoc._engine._batches.unlabeled_pool
 
     def recording(encoded, pool):
         indices = original(encoded, pool)
         pools.append(np.asarray(indices))
         return indices
 
-    monkeypatch.setattr(skassoc._batches, "unlabeled_pool", recording)
+    monkeypatch.setattr(skassoc._engine._batches, "unlabeled_pool", recording)
     return pools
 
 
@@ -255,7 +255,7 @@ def no_training(monkeypatch):
     def step(self):
         raise AssertionError("a training step ran before the input was rejected")
 
-    monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", step)
+    monkeypatch.setattr(skassoc._engine._training._AssociationStep, "__call__", step)
 
 
 def test_x_val_as_long_as_x_warns(fast_params, blobs, blobs_semi):
@@ -374,7 +374,7 @@ def test_html_repr_links_to_skassoc_docs(fast_params):
 
 @pytest.mark.parametrize("available", [True, False])
 def test_mps_device_resolution_without_the_hardware(monkeypatch, available):
-    from skassoc._device import resolve_device
+    from skassoc._engine._device import resolve_device
 
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: available)
     if available:

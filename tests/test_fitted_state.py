@@ -11,7 +11,7 @@ import torch
 from sklearn.utils._param_validation import InvalidParameterError
 
 import skassoc._classifier
-import skassoc._training
+import skassoc._engine._training
 from skassoc import SemiSupervisedAssociationClassifier
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -80,7 +80,9 @@ def test_interrupt_before_the_first_step_keeps_the_previous_model(
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", interrupted)
+    monkeypatch.setattr(
+        skassoc._engine._training._AssociationStep, "__call__", interrupted
+    )
     with pytest.raises(KeyboardInterrupt):
         clf.fit(X[:, ::-1], y)
     assert clf.model_ is model
@@ -255,7 +257,7 @@ def test_a_step_too_large_for_memory_is_refused_before_training(
     def step(self):  # pragma: no cover - must not run
         raise AssertionError("training started")
 
-    monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", step)
+    monkeypatch.setattr(skassoc._engine._training._AssociationStep, "__call__", step)
     with pytest.raises(ValueError, match=r"GiB .*unlabeled_batch_size"):
         make_clf(fast_params, unlabeled_batch_size=20_000).fit(X, y)
 

@@ -16,7 +16,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._sampling import AssociationBatchSampler
+from skassoc._engine._sampling import AssociationBatchSampler
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"
@@ -315,7 +315,7 @@ def test_image_format_on_the_gpu(digit_images):
 
 
 def test_walker_products_ignore_tf32():
-    from skassoc._losses import association_matrices
+    from skassoc._engine._losses import association_matrices
 
     generator = torch.Generator().manual_seed(0)
     # Dot products of a few tens, as between trained embeddings: TF32's

@@ -13,7 +13,7 @@ import torch
 
 from skassoc import RECIPES, SemiSupervisedAssociationClassifier
 from skassoc._inputs import LARGEST_INPUT, reads_as_marker
-from skassoc._networks import auto_network_name
+from skassoc._nn._networks import auto_network_name
 from skassoc.datasets import load_svhn, make_semi_supervised_labels
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

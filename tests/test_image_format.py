@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._image_format import ImageFormat, check_image_size, formatted_shape
+from skassoc._nn._image_format import ImageFormat, check_image_size, formatted_shape
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

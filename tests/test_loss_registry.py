@@ -21,7 +21,7 @@ from sklearn.utils._param_validation import InvalidParameterError
 import skassoc
 import skassoc._params as _params
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._loss_terms import (
+from skassoc._engine._loss_terms import (
     LOSS_TERMS,
     ClassFrequencies,
     LossTerm,
@@ -30,8 +30,8 @@ from skassoc._loss_terms import (
     register_loss_term,
     unregister_loss_term,
 )
+from skassoc._engine._stacked import fit_candidates
 from skassoc._params import PARAMS, add_param, loss_weight, remove_param
-from skassoc._stacked import fit_candidates
 from skassoc.model_selection import SemiSupervisedStratifiedKFold, StackedGridSearchCV
 
 

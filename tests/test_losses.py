@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from skassoc._losses import (
+from skassoc._engine._losses import (
     association_matrices,
     balance_loss,
     classification_loss,

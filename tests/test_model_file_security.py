@@ -29,9 +29,9 @@ import torch
 from sklearn.base import clone
 
 import skassoc._classifier
+import skassoc._engine._losses
 import skassoc._io._archive
 import skassoc._io._metadata
-import skassoc._losses
 from skassoc import (
     SemiSupervisedAssociationClassifier,
     convert_model_file,
@@ -40,7 +40,7 @@ from skassoc import (
 from skassoc._io._format import METADATA_MEMBER, WEIGHTS_MEMBER
 from skassoc._io._limits import MAX_BATCH, MAX_HEADER_BYTES, MAX_STEPS
 from skassoc._io._refit_cost import refit_cost_problem
-from skassoc._model import ModelSpec
+from skassoc._nn._model import ModelSpec
 from skassoc._settings import step_memory_bytes
 
 try:  # POSIX: save's clean-up of crashed saves needs file locks.
@@ -1197,7 +1197,7 @@ def test_a_labeled_batch_set_by_hand_beyond_memory_is_refused(_digits, monkeypat
     def never(*args):
         raise AssertionError("the step ran: its memory was not checked")
 
-    monkeypatch.setattr(skassoc._losses, "association_matrices", never)
+    monkeypatch.setattr(skassoc._engine._losses, "association_matrices", never)
     clf = SemiSupervisedAssociationClassifier(
         labeled_per_class=5000,
         unlabeled_batch_size=8,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from skassoc._networks import (
+from skassoc._nn._networks import (
     NETWORKS,
     AssociationModel,
     MLPNet,

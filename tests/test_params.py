@@ -18,9 +18,11 @@ from sklearn.utils._param_validation import (
 
 from skassoc import RECIPES, SemiSupervisedAssociationClassifier
 from skassoc._defaults import network_macs
+from skassoc._engine._stacked import check_candidate_params
+from skassoc._engine._training import TrainingConfig
 from skassoc._inputs import validate_training_inputs
 from skassoc._io._metadata import decode_params, encode_params
-from skassoc._networks import NETWORKS
+from skassoc._nn._networks import NETWORKS
 from skassoc._params import (
     NEVER_FROM_FILE,
     NOT_FROM_FILES,
@@ -31,8 +33,6 @@ from skassoc._params import (
     varying_params,
 )
 from skassoc._settings import copied_settings, resolve_fit_settings
-from skassoc._stacked import check_candidate_params
-from skassoc._training import TrainingConfig
 
 Classifier = SemiSupervisedAssociationClassifier
 NAMES = [p.name for p in PARAMS]

@@ -22,13 +22,17 @@ from sklearn.model_selection import GridSearchCV, cross_validate
 from sklearn.utils._param_validation import Interval, InvalidParameterError
 
 import skassoc._classifier
-import skassoc._device
-import skassoc._sampling
-import skassoc._training
+import skassoc._engine._device
+import skassoc._engine._sampling
+import skassoc._engine._training
 from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._engine._training import (
+    NonFiniteLossError,
+    _sigint_held_back,
+    load_torch_dynamo,
+)
 from skassoc._params import SAFE_PARAMS
 from skassoc._settings import _compile_options
-from skassoc._training import NonFiniteLossError, _sigint_held_back, load_torch_dynamo
 from skassoc.model_selection import SemiSupervisedStratifiedKFold, labeled_scorer
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -45,7 +49,7 @@ def no_training(monkeypatch):
     def step(self):
         raise AssertionError("a training step ran before the input was rejected")
 
-    monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", step)
+    monkeypatch.setattr(skassoc._engine._training._AssociationStep, "__call__", step)
 
 
 @pytest.fixture
@@ -53,7 +57,7 @@ def interrupt_at(monkeypatch):
     """Make the step raise KeyboardInterrupt once, after ``k`` steps (of any fit)."""
 
     def install(k):
-        original = skassoc._training._AssociationStep.__call__
+        original = skassoc._engine._training._AssociationStep.__call__
         calls = {"n": 0}
 
         def step(self):
@@ -62,7 +66,9 @@ def interrupt_at(monkeypatch):
                 raise KeyboardInterrupt
             return original(self)
 
-        monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", step)
+        monkeypatch.setattr(
+            skassoc._engine._training._AssociationStep, "__call__", step
+        )
 
     return install
 
@@ -626,7 +632,7 @@ def test_failure_inside_training_keeps_previous_fit(labeled_params, blobs, monke
     X, y = blobs
     clf = make_clf(labeled_params, warm_start=True, max_iter=20).fit(X, y)
     before = fitted_state(clf, X)
-    original = skassoc._training._AssociationStep.__call__
+    original = skassoc._engine._training._AssociationStep.__call__
     calls = {"n": 0}
 
     def failing_step(self):
@@ -635,7 +641,9 @@ def test_failure_inside_training_keeps_previous_fit(labeled_params, blobs, monke
             raise RuntimeError("simulated out of memory")
         return original(self)
 
-    monkeypatch.setattr(skassoc._training._AssociationStep, "__call__", failing_step)
+    monkeypatch.setattr(
+        skassoc._engine._training._AssociationStep, "__call__", failing_step
+    )
     with pytest.raises(RuntimeError, match="simulated"):
         clf.fit(X, y)
     assert_same_state(clf, X, before)
@@ -688,7 +696,7 @@ def test_keyboard_interrupt_outside_training_propagates(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(
-        skassoc._sampling.AssociationBatchSampler, "__init__", interrupted
+        skassoc._engine._sampling.AssociationBatchSampler, "__init__", interrupted
     )
     with pytest.raises(KeyboardInterrupt):
         clf.fit(X * 2, y)
@@ -768,7 +776,7 @@ def test_keyboard_interrupt_at_any_line_of_logging_keeps_history_whole(
     """An interrupt while the history is written leaves every entry whole,
     once: no step twice (with zero losses), no lists of unequal lengths."""
     X, y = blobs
-    code = getattr(skassoc._training._TrainingLog, method).__code__
+    code = getattr(skassoc._engine._training._TrainingLog, method).__code__
     lines = sorted({line for _, _, line in code.co_lines() if line is not None})
     reached = 0
     for line in lines:
@@ -786,14 +794,16 @@ def test_keyboard_interrupt_during_validation_keeps_best_weights_and_score(
     """A Ctrl-C that comes while the best weights are kept is delivered once
     their score is in the history."""
     X, y = blobs
-    original = skassoc._training.BestWeights.update
+    original = skassoc._engine._training.BestWeights.update
 
     def update_then_interrupt(self, score, step):
         stop = original(self, score, step)
         signal.raise_signal(signal.SIGINT)
         return stop
 
-    monkeypatch.setattr(skassoc._training.BestWeights, "update", update_then_interrupt)
+    monkeypatch.setattr(
+        skassoc._engine._training.BestWeights, "update", update_then_interrupt
+    )
     clf = make_clf(
         labeled_params, max_iter=10, validation_interval=5, early_stopping=True
     )
@@ -814,7 +824,9 @@ def _without_torch_dynamo(monkeypatch, error):
     def failing_import(name):
         raise error
 
-    monkeypatch.setattr(skassoc._training.importlib, "import_module", failing_import)
+    monkeypatch.setattr(
+        skassoc._engine._training.importlib, "import_module", failing_import
+    )
 
 
 def test_a_half_imported_torch_dynamo_gives_a_clear_error(monkeypatch):
@@ -1011,8 +1023,8 @@ def test_overlapping_precision_contexts_restore_the_callers_flags():
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.allow_tf32 = False
         caller = flags()
-        first = skassoc._device.precision_context(cuda, "fp32")
-        second = skassoc._device.precision_context(cuda, "tf32")
+        first = skassoc._engine._device.precision_context(cuda, "fp32")
+        second = skassoc._engine._device.precision_context(cuda, "tf32")
         first.__enter__()
         assert flags() == (False, True, False, False)
         second.__enter__()
@@ -1041,7 +1053,7 @@ def test_precision_context_works_with_frozen_torch_flags(monkeypatch):
         flags_module_globals, "__allow_nonbracketed_mutation_flag", False
     )
     assert torch.backends.flags_frozen()
-    with skassoc._device.precision_context(cuda, "fp32"):
+    with skassoc._engine._device.precision_context(cuda, "fp32"):
         assert torch.backends.cudnn.benchmark
         assert not torch.backends.cudnn.allow_tf32
     assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32) == before
@@ -1057,7 +1069,7 @@ def _stand_in_streams(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Stream", stream)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(skassoc._device, "_STREAM_SETS", {})
+    monkeypatch.setattr(skassoc._engine._device, "_STREAM_SETS", {})
     return made
 
 
@@ -1067,8 +1079,8 @@ def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
     # and an extra fit waits for a set to come back. No GPU is needed to
     # check the bookkeeping: streams are stand-in objects here.
     made = _stand_in_streams(monkeypatch)
-    limit = skassoc._device.MAX_CONCURRENT_CUDA_FITS
-    borrow = skassoc._device.borrowed_streams
+    limit = skassoc._engine._device.MAX_CONCURRENT_CUDA_FITS
+    borrow = skassoc._engine._device.borrowed_streams
     got, release = {}, [threading.Event() for _ in range(limit + 1)]
     holding = threading.Semaphore(0)
 
@@ -1098,7 +1110,7 @@ def test_concurrent_cuda_fits_never_share_streams(monkeypatch):
 
 def test_nested_cuda_fits_reuse_their_threads_streams(monkeypatch):
     _stand_in_streams(monkeypatch)
-    borrow = skassoc._device.borrowed_streams
+    borrow = skassoc._engine._device.borrowed_streams
     cuda = torch.device("cuda")
     with borrow(cuda) as outer:
         # A fit inside a fit (e.g. from user code) would otherwise wait for
@@ -1108,8 +1120,8 @@ def test_nested_cuda_fits_reuse_their_threads_streams(monkeypatch):
         with borrow(cuda) as again:
             assert again is outer
     # Back in the queue: all sets free again.
-    free = skassoc._device._STREAM_SETS[0]
-    assert free.qsize() == skassoc._device.MAX_CONCURRENT_CUDA_FITS
+    free = skassoc._engine._device._STREAM_SETS[0]
+    assert free.qsize() == skassoc._engine._device.MAX_CONCURRENT_CUDA_FITS
 
 
 def test_failed_stream_creation_leaves_no_short_stream_queue(monkeypatch):
@@ -1123,16 +1135,16 @@ def test_failed_stream_creation_leaves_no_short_stream_queue(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Stream", stream)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(skassoc._device, "_STREAM_SETS", {})
-    borrow = skassoc._device.borrowed_streams
+    monkeypatch.setattr(skassoc._engine._device, "_STREAM_SETS", {})
+    borrow = skassoc._engine._device.borrowed_streams
     with pytest.raises(RuntimeError, match="CUDA error"):
         with borrow(torch.device("cuda")):
             pass
     # The next fit makes all sets afresh instead of waiting on a short queue.
     with borrow(torch.device("cuda")) as streams:
         assert len(streams) == 3
-    free = skassoc._device._STREAM_SETS[0]
-    assert free.qsize() == skassoc._device.MAX_CONCURRENT_CUDA_FITS
+    free = skassoc._engine._device._STREAM_SETS[0]
+    assert free.qsize() == skassoc._engine._device.MAX_CONCURRENT_CUDA_FITS
 
 
 def test_history_is_bounded(labeled_params, blobs):

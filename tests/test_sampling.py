@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from skassoc._sampling import AssociationBatchSampler
+from skassoc._engine._sampling import AssociationBatchSampler
 
 
 def make_split(class_sizes, n_pool, seed=0):

@@ -7,11 +7,11 @@ from sklearn.datasets import load_digits, make_blobs
 from sklearn.model_selection import GridSearchCV
 from sklearn.utils._param_validation import InvalidParameterError
 
-import skassoc._stacked
-import skassoc._training
+import skassoc._engine._stacked
+import skassoc._engine._training
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._stacked import fit_candidates
-from skassoc._training import NonFiniteLossError
+from skassoc._engine._stacked import fit_candidates
+from skassoc._engine._training import NonFiniteLossError
 from skassoc.model_selection import (
     SemiSupervisedStratifiedKFold,
     StackedGridSearchCV,
@@ -180,7 +180,7 @@ def second_candidate_fails(monkeypatch):
         reports.append(1)
         return {1}
 
-    monkeypatch.setattr(skassoc._stacked._StackedLog, "failed", failed)
+    monkeypatch.setattr(skassoc._engine._stacked._StackedLog, "failed", failed)
     return reports
 
 
@@ -243,7 +243,7 @@ def test_keyboard_interrupt_stops_the_stacked_search(blobs, fast_params, monkeyp
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(skassoc._stacked._StackedStep, "__call__", interrupted)
+    monkeypatch.setattr(skassoc._engine._stacked._StackedStep, "__call__", interrupted)
     search = StackedGridSearchCV(estimator, GRID, cv=3)
     with pytest.raises(KeyboardInterrupt):
         search.fit(X, y)
@@ -256,7 +256,7 @@ def test_keyboard_interrupt_during_the_refit_stops_the_search(
     """The refit is a plain fit: it keeps its model, then raises."""
     X, y = blobs
     estimator = SemiSupervisedAssociationClassifier(**fast_params)
-    original = skassoc._training._AssociationStep.__call__
+    original = skassoc._engine._training._AssociationStep.__call__
     calls = []
 
     def interrupted_after_five(self):
@@ -267,7 +267,7 @@ def test_keyboard_interrupt_during_the_refit_stops_the_search(
 
     # The stacked folds use their own step; only the refit runs this one.
     monkeypatch.setattr(
-        skassoc._training._AssociationStep, "__call__", interrupted_after_five
+        skassoc._engine._training._AssociationStep, "__call__", interrupted_after_five
     )
     search = StackedGridSearchCV(estimator, {"logit_weight": [1.0, 2.0]}, cv=3)
     with pytest.raises(KeyboardInterrupt, match="interrupted after 5 of 30"):

@@ -10,7 +10,7 @@ check, as ``SAFE_PARAMS``). ``load_model`` refuses a file beyond them and
 import math
 from numbers import Real
 
-from .._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
+from .._engine._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
 from .._utils import is_integer
 
 __all__ = [

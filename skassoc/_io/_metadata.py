@@ -19,8 +19,8 @@ from sklearn.utils._param_validation import (
 )
 
 from .._inputs import unlabeled_mask
-from .._model import ModelSpec
-from .._networks import NETWORKS
+from .._nn._model import ModelSpec
+from .._nn._networks import NETWORKS
 from .._params import NEVER_FROM_FILE, PARAMETER_CONSTRAINTS, SAFE_PARAMS
 from .._prior import check_class_prior
 from .._utils import is_integer, user_stacklevel

@@ -6,10 +6,10 @@ together: the metadata, the weights and the archive.
 
 import os
 
-from .._device import resolve_device
+from .._engine._device import resolve_device
 from .._fitted import FittedState, get_fitted_state, set_fitted_state
-from .._model import placed, spec_of_model
-from .._networks import NETWORKS
+from .._nn._model import placed, spec_of_model
+from .._nn._networks import NETWORKS
 from ._archive import read_archive, write_archive
 from ._format import FORMAT_VERSION, WEIGHTS_MEMBER, InvalidModelFile
 from ._metadata import (

@@ -4,10 +4,10 @@ import math
 
 from .._defaults import MAX_LABELED_PER_CLASS, MAX_UNLABELED_BATCH_SIZE, network_macs
 from .._defaults import MAX_STEPS as AUTO_MAX_STEPS
-from .._image_format import check_image_size, formatted_shape
-from .._loss_terms import LOSS_TERMS
-from .._model import ModelSpec
-from .._networks import auto_network_name
+from .._engine._loss_terms import LOSS_TERMS
+from .._nn._image_format import check_image_size, formatted_shape
+from .._nn._model import ModelSpec
+from .._nn._networks import auto_network_name
 from .._params import PARAMS
 from .._settings import walker_memory_bytes
 from ._limits import MAX_BATCH, MAX_FIT_MACS, MAX_STEP_BYTES

@@ -13,7 +13,7 @@ import struct
 import safetensors.torch
 import torch
 
-from .._model import build_model
+from .._nn._model import build_model
 from .._utils import is_integer
 from ._format import WEIGHTS_MEMBER, InvalidModelFile
 from ._limits import MAX_DEFAULTED_VALUES, MAX_HEADER_BYTES

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from .._image_format import ImageFormat, check_image_size
+from .._nn._image_format import ImageFormat, check_image_size
 
 __all__ = ["format_images"]
 

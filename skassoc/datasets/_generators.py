@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.utils import Bunch, check_random_state
 
-from .._augmentation import gaussian_kernel, separable_conv
-from .._image_format import LUMA
+from .._engine._augmentation import gaussian_kernel, separable_conv
+from .._nn._image_format import LUMA
 
 __all__ = ["make_mnist_m_like", "make_synthetic_digits"]
 

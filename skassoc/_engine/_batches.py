@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import torch
 
-from ._inputs import HELD_OUT, UNLABELED, as_tensor
+from .._inputs import HELD_OUT, UNLABELED, as_tensor
+from .._utils import user_stacklevel
 from ._sampling import AssociationBatchSampler
-from ._utils import user_stacklevel
 
 __all__ = ["DeviceBatches", "HostBatches", "make_batches", "UNLABELED_POOLS"]
 
@@ -161,12 +161,12 @@ class HostBatches:
     inputs : numpy.ndarray
         Every training input (a memory map, typically), never copied whole.
     class_indices, unlabeled_indices, labeled_per_class, unlabeled_batch_size
-        As for :class:`~skassoc._sampling.AssociationBatchSampler`, which draws
+        As for :class:`~skassoc._engine._sampling.AssociationBatchSampler`, which draws
         the indices on the host with torch's default CPU generator.
     device : torch.device
         The training device, which holds only one batch.
     unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
-        As for :class:`~skassoc._sampling.AssociationBatchSampler`.
+        As for :class:`~skassoc._engine._sampling.AssociationBatchSampler`.
     weights : torch.Tensor of shape (n_samples,), default=None
         Factors on the classification loss of every sample, on the device.
 

@@ -156,7 +156,7 @@ def active_terms(*loss_weights):
 
     Examples
     --------
-    >>> from skassoc._loss_terms import active_terms
+    >>> from skassoc._engine._loss_terms import active_terms
     >>> weights = {"walker_weight": 1.0, "visit_weight": 0.0, "logit_weight": 1.0,
     ...            "consistency_weight": 0.0, "balance_weight": 2.0}
     >>> [term.name for term in active_terms(weights)]
@@ -194,9 +194,9 @@ class ClassFrequencies:
         balance loss's target); None where no term needs it.
     class_mass : torch.Tensor of shape (n_classes,), default=None
         The balance loss's running estimate of the class mass (see
-        :func:`~skassoc._losses.balance_loss`); the steps update it.
+        :func:`~skassoc._engine._losses.balance_loss`); the steps update it.
     visit_start_weights : torch.Tensor of shape (n_labeled,), default=None
-        ``start_weights`` of :func:`~skassoc._losses.visit_loss`.
+        ``start_weights`` of :func:`~skassoc._engine._losses.visit_loss`.
     """
 
     class_shares: torch.Tensor | None = None

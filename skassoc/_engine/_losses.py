@@ -10,7 +10,7 @@ sample back to the labeled classes to end alike for the sample and a random
 augmentation of it, and the *balance loss* asks the walks from the unlabeled
 batch to end in each class as often as the class's share of the labels.
 
-How a training step weighs and sums them is in ``skassoc._loss_terms``.
+How a training step weighs and sums them is in ``skassoc._engine._loss_terms``.
 """
 
 import torch
@@ -59,7 +59,7 @@ def association_matrices(a, b):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import association_matrices
+    >>> from skassoc._engine._losses import association_matrices
     >>> a, b = torch.randn(4, 8), torch.randn(6, 8)
     >>> p_ab, p_ba, p_aba = association_matrices(a, b)
     >>> p_ab.shape, p_ba.shape, p_aba.shape
@@ -111,7 +111,7 @@ def backward_transitions(a, b):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import association_matrices, backward_transitions
+    >>> from skassoc._engine._losses import association_matrices, backward_transitions
     >>> a, b = torch.randn(4, 8), torch.randn(6, 8)
     >>> torch.equal(backward_transitions(a, b), association_matrices(a, b)[1])
     True
@@ -152,7 +152,7 @@ def walker_loss(p_aba, labels):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import walker_loss
+    >>> from skassoc._engine._losses import walker_loss
     >>> labels = torch.tensor([0, 0, 1, 1])
     >>> perfect = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0],
     ...                         [0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 0.5]])
@@ -187,7 +187,7 @@ def visit_loss(p_ab, start_weights=None):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import visit_loss
+    >>> from skassoc._engine._losses import visit_loss
     >>> uniform = torch.full((2, 4), 0.25)
     >>> one_sample = torch.tensor([[1.0, 0, 0, 0], [1.0, 0, 0, 0]])
     >>> bool(visit_loss(uniform) < visit_loss(one_sample))
@@ -225,7 +225,7 @@ def walker_class_probabilities(p_ba, labels, n_classes):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import walker_class_probabilities
+    >>> from skassoc._engine._losses import walker_class_probabilities
     >>> p_ba = torch.tensor([[0.5, 0.25, 0.25], [0.0, 0.0, 1.0]])
     >>> walker_class_probabilities(p_ba, torch.tensor([0, 0, 1]), 2)
     tensor([[0.7500, 0.2500],
@@ -257,7 +257,7 @@ def consistency_loss(target, prediction):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import consistency_loss
+    >>> from skassoc._engine._losses import consistency_loss
     >>> target = torch.tensor([[1.0, 0.0]])
     >>> agree, disagree = torch.tensor([[0.9, 0.1]]), torch.tensor([[0.1, 0.9]])
     >>> bool(consistency_loss(target, agree) < consistency_loss(target, disagree))
@@ -293,7 +293,7 @@ def balance_loss(class_probabilities, class_shares, class_mass=None):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import balance_loss
+    >>> from skassoc._engine._losses import balance_loss
     >>> shares = torch.tensor([0.5, 0.5])
     >>> even = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
     >>> one_sided = torch.tensor([[0.9, 0.1], [0.9, 0.1]])
@@ -356,7 +356,7 @@ def classification_loss(logits, labels, weights=None):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import classification_loss
+    >>> from skassoc._engine._losses import classification_loss
     >>> logits = torch.tensor([[4.0, 0.0], [0.0, 4.0]])
     >>> round(float(classification_loss(logits, torch.tensor([0, 1]))), 4)
     0.0181
@@ -386,7 +386,7 @@ def l2_penalty(weights, scales):
     Examples
     --------
     >>> import torch
-    >>> from skassoc._losses import l2_penalty
+    >>> from skassoc._engine._losses import l2_penalty
     >>> round(float(l2_penalty([torch.ones(2, 2)], [1e-3])), 6)
     0.002
     """

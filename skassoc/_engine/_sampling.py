@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from ._utils import user_stacklevel
+from .._utils import user_stacklevel
 
 __all__ = ["AssociationBatchSampler", "UNLABELED_SAMPLINGS"]
 

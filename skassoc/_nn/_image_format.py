@@ -11,7 +11,7 @@ training device in front of the network, and
 import torch.nn.functional as F
 from torch import nn
 
-from ._utils import is_integer
+from .._utils import is_integer
 
 __all__ = ["ImageFormat", "check_image_size", "format_settings", "formatted_shape"]
 

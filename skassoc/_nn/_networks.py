@@ -13,8 +13,8 @@ import math
 import torch
 from torch import nn
 
-from ._inputs import as_tensor
-from ._utils import varies
+from .._inputs import as_tensor
+from .._utils import varies
 
 __all__ = [
     "MNISTNet",
@@ -70,7 +70,7 @@ def _chunks(x, input_format, values_per_chunk=2**18):
     """Rows of ``x`` as float64 ``(rows, values)`` tensors, a few MiB at a time.
 
     A memory-mapped ``x`` is read chunk by chunk, never loaded whole;
-    ``input_format`` (e.g. an :class:`~skassoc._image_format.ImageFormat`) is
+    ``input_format`` (e.g. an :class:`~skassoc._nn._image_format.ImageFormat`) is
     applied to each chunk first.
     """
     n = x.shape[0]
@@ -463,7 +463,7 @@ class MLPNet(nn.Module):
             memory-mapped ``x`` is never loaded whole.
         input_format : torch.nn.Module, default=None
             Conversion applied to the inputs before the network sees them
-            (e.g. an :class:`~skassoc._image_format.ImageFormat`); the
+            (e.g. an :class:`~skassoc._nn._image_format.ImageFormat`); the
             statistics are those of its output.
         """
         n = x.shape[0]
@@ -557,7 +557,7 @@ class AssociationModel(nn.Module):
         Number of classes of the logit layer.
     input_format : torch.nn.Module, default=None
         Parameter-free conversion of raw inputs before the embedder (e.g. an
-        :class:`~skassoc._image_format.ImageFormat`); None passes them as
+        :class:`~skassoc._nn._image_format.ImageFormat`); None passes them as
         they are.
     """
 
@@ -573,7 +573,7 @@ class AssociationModel(nn.Module):
         """Embeddings of a float batch of raw inputs.
 
         The batch is first brought to the network's input format (see
-        :class:`~skassoc._image_format.ImageFormat`), then to
+        :class:`~skassoc._nn._image_format.ImageFormat`), then to
         ``memory_format`` (channels-last image batches convolve faster).
         """
         x = self.input_format(x).contiguous(memory_format=memory_format)

@@ -24,7 +24,7 @@ Two ways of computing the K candidates, the *stacking*:
   a single fit.
 
 The whole step stays free of host synchronisations, so on a GPU it is
-captured as one CUDA graph (with :class:`skassoc._training._StepRunner`,
+captured as one CUDA graph (with :class:`skassoc._engine._training._StepRunner`,
 imported as it is).
 
 Measured (``benchmarks/bench_search.py``, one H100, TF32, MNIST network, 8
@@ -43,6 +43,16 @@ import numpy as np
 import torch
 from sklearn.base import clone
 
+from .._fitted import FittedState, set_fitted_state
+from .._inputs import validate_training_inputs
+from .._nn._networks import weight_tensors
+from .._params import param_value, varying_params
+from .._settings import (
+    embeds_feature_vectors,
+    resolve_consistency_weight,
+    resolve_fit_settings,
+)
+from .._utils import user_stacklevel
 from ._batches import make_batches
 from ._device import (
     autocast_context,
@@ -53,16 +63,7 @@ from ._device import (
     torch_threads,
 )
 from ._ema import WeightAverage
-from ._fitted import FittedState, set_fitted_state
-from ._inputs import validate_training_inputs
 from ._loss_terms import LOSS_TERMS, StepLoss, active_terms
-from ._networks import weight_tensors
-from ._params import param_value, varying_params
-from ._settings import (
-    embeds_feature_vectors,
-    resolve_consistency_weight,
-    resolve_fit_settings,
-)
 from ._training import (
     NonFiniteLossError,
     _keep_lr_tensor,
@@ -75,7 +76,6 @@ from ._training import (
     make_scheduler,
     step_batch_layout,
 )
-from ._utils import user_stacklevel
 
 __all__ = ["fit_candidates", "varying_params", "STACKINGS"]
 
@@ -179,7 +179,7 @@ def fit_candidates(
         As for :meth:`SemiSupervisedAssociationClassifier.fit` (``-1`` marks
         unlabeled samples).
     stacking : {"auto", "vmap", "streams"}, default="auto"
-        How the candidates are computed (see :mod:`skassoc._stacked`);
+        How the candidates are computed (see :mod:`skassoc._engine._stacked`);
         ``"auto"`` is ``"streams"``. Results agree either way.
     raise_on_failure : bool, default=False
         Raise if a candidate's loss becomes NaN or infinite, instead of
@@ -209,7 +209,7 @@ def fit_candidates(
     --------
     >>> from sklearn.datasets import make_blobs
     >>> from skassoc import SemiSupervisedAssociationClassifier
-    >>> from skassoc._stacked import fit_candidates
+    >>> from skassoc._engine._stacked import fit_candidates
     >>> X, y = make_blobs(60, centers=2, random_state=0)
     >>> y[10:] = -1
     >>> clf = SemiSupervisedAssociationClassifier(
@@ -387,7 +387,7 @@ class _StreamCandidates:
         """Each candidate's loss terms, its backward pass run; (K, n_terms).
 
         ``losses`` is ``(n_batch, loss)``: the rows before the second view
-        and the candidates' :class:`~skassoc._loss_terms.StepLoss`.
+        and the candidates' :class:`~skassoc._engine._loss_terms.StepLoss`.
         """
         args = (x, labels, weights, scale, losses)
         if self.streams is None:

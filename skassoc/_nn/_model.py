@@ -3,7 +3,7 @@
 A :class:`ModelSpec` says which network to build for which inputs; ``fit``
 resolves one from its parameters and the data, and ``load`` reads one from a
 model file. :func:`build_model` turns it into an
-:class:`~skassoc._networks.AssociationModel` either way, so a loaded model is
+:class:`~skassoc._nn._networks.AssociationModel` either way, so a loaded model is
 the fitted one, built the same way.
 """
 

@@ -22,13 +22,13 @@ from sklearn.exceptions import ConvergenceWarning
 from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
+from .._nn._networks import weight_tensors
+from .._utils import user_stacklevel
 from ._augmentation import augmentation_module
 from ._best_weights import BestWeights
 from ._device import autocast_context, borrowed_streams, cuda_rng_lock, own_stream
 from ._ema import WeightAverage
 from ._loss_terms import ClassFrequencies, StepLoss, active_terms, needs_of
-from ._networks import weight_tensors
-from ._utils import user_stacklevel
 
 __all__ = [
     "TrainingConfig",
@@ -57,7 +57,7 @@ class TrainingConfig:
     lr_schedule: str
     lr_warmup_steps: int
     # Each registered loss term's weight, by its parameter's name (see
-    # skassoc._loss_terms); consistency_weight already resolved.
+    # skassoc._engine._loss_terms); consistency_weight already resolved.
     loss_weights: dict
     association_delay: int
     association_ramp_steps: int
@@ -147,7 +147,7 @@ def step_batch_layout(config, device, embedder):
 
 
 def class_frequencies(config, batches, terms=None):
-    """The :class:`~skassoc._loss_terms.ClassFrequencies` of a fit's steps.
+    """The :class:`~skassoc._engine._loss_terms.ClassFrequencies` of a fit's steps.
 
     Given class frequencies (``config.class_prior``) are the balance loss's
     target and weigh the visit loss's walks; otherwise the balance loss
@@ -370,7 +370,7 @@ def _parameter_groups(model, config):
 
     Adam's (coupled) ``weight_decay`` adds ``scale * w`` to the gradient,
     which is exactly the gradient of the paper's ``scale * sum(w**2) / 2``
-    term (:func:`skassoc._losses.l2_penalty`), without the dozens of small
+    term (:func:`skassoc._engine._losses.l2_penalty`), without the dozens of small
     kernels that computing the term in the loss costs every step.
     """
     weights, scales = weight_tensors(model, config.l2_scale, config.logit_l2_scale)
