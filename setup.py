@@ -68,12 +68,18 @@ setup(
             "onnx",
             "onnxruntime",
             "onnxscript",
+            # tests/test_tensorboard.py reads the event files back.
+            "tensorboard>=2.17.1",
         ],
         "examples": ["matplotlib>=3.7", "pillow>=9"],
         # skassoc.datasets.make_synthetic_digits draws the digits of fonts.
         "datasets": ["pillow>=9"],
         # skassoc.export.export_onnx; torch >= 2.5 exports through onnxscript.
         "onnx": ["onnx", "onnxscript"],
+        # skassoc.callbacks.TensorBoard writes through torch.utils.tensorboard
+        # (which asks for 1.15); TensorBoard before 2.17.1 cannot read event
+        # files under NumPy 2 (it uses the removed np.string_).
+        "tensorboard": ["tensorboard>=2.17.1"],
         # The docs build offline (MathJax and the intersphinx inventories
         # ship in docs/); it runs the gallery and tests/test_docs.py runs
         # the pages' code, hence matplotlib, Pillow and pandas.

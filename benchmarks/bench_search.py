@@ -12,14 +12,14 @@ import warnings
 import _harness as h
 
 from skassoc import SemiSupervisedAssociationClassifier, recipe_params
-from skassoc._engine._stacked import fit_candidates
+from skassoc._stacked import fit_candidates
 
 CANDIDATES = [
     {"walker_weight": w, "visit_weight": v}
     for v in (0.5, 1.0)
     for w in (0.5, 1.0, 1.5, 2.0)
 ]
-STACKINGS = ("streams", "vmap")
+STACKINGS = ("streams",)
 WARMUP_STEPS = 50
 
 

@@ -18,21 +18,16 @@ from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import check_consistent_length, column_or_1d
 from tqdm.auto import tqdm
 
-from ._engine._batches import make_batches
 from ._engine._device import (
     autocast_context,
     cuda_rng_lock,
     precision_context,
-    seeded_rng,
-    torch_threads,
 )
-from ._engine._training import (
-    embedding_chunk_size,
-    load_torch_dynamo,
-    train,
-    warn_if_labels_unlearned,
-)
-from ._fitted import FittedState, get_fitted_state, is_fitted, set_fitted_state
+from ._engine._loop import NonFiniteLossError, non_finite_message
+from ._engine._optim import load_torch_dynamo
+from ._engine._step import embedding_chunk_size
+from ._fit import interruption, train_estimators, warn_if_labels_unlearned
+from ._fitted import get_fitted_state, is_fitted
 from ._inputs import (
     as_tensor,
     check_label_types,
@@ -45,6 +40,7 @@ from ._inputs import (
 )
 from ._io._model_file import load_model, save_model
 from ._nn._model import build_model, check_custom_module, placed, probe_embedder
+from ._nn._networks import takes_hidden_layer_sizes
 from ._params import PARAMETER_CONSTRAINTS
 from ._prior import (
     apply_class_prior,
@@ -53,6 +49,7 @@ from ._prior import (
     prior_samples,
     uniform_prior,
 )
+from ._resume import previous_run, store_run
 from ._settings import (
     available_memory_bytes,
     describe_settings,
@@ -297,11 +294,21 @@ class SemiSupervisedAssociationClassifier(
         steps, batch sizes, feature noise) and show a progress bar with the
         losses.
     warm_start : bool, default=False
-        Start training from the weights of the previous fit (with a fresh
-        optimizer and learning-rate schedule) instead of a new network. The
-        classes, the input shape and the parameters that shape the network
+        Start from the previous fit instead of a new network. If that fit
+        ended before ``max_iter`` steps of its run (a Ctrl-C, a callback
+        that stopped it, or ``max_iter`` raised since), its run continues
+        to ``max_iter`` steps in all: the optimizer, the learning-rate
+        schedule (that of this ``max_iter``), the moving average, the loss
+        ramp and the random streams go on where they stopped, so that a fit
+        of ``2N`` steps and a fit of ``N`` steps continued to ``2N`` give the
+        same model when the schedule does not depend on ``max_iter``
+        (bitwise on a CPU). Otherwise a new run of ``max_iter`` steps starts
+        from its weights, with a fresh optimizer and schedule. The classes,
+        the input shape and the parameters that shape the network
         (``network``, ``embedding_dim``, ``hidden_layer_sizes``,
-        ``image_size``, ``image_channels``) must be those of that fit.
+        ``image_size``, ``image_channels``) must be those of that fit. An
+        estimator loaded from a checkpoint (:class:`~skassoc.callbacks.Checkpoint`)
+        continues its run the same way.
     validation_interval : int, default=500
         With ``early_stopping=True`` or ``X_val`` and ``y_val`` given to
         :meth:`fit`, the validation accuracy is measured every
@@ -374,6 +381,24 @@ class SemiSupervisedAssociationClassifier(
         every parameter, a new value takes effect at the next ``fit``. The
         validation scores measured during training (see
         ``early_stopping``) use the network's own probabilities.
+    callbacks : list of Callback, default=None
+        Objects whose hooks ``fit`` calls between training steps (never
+        inside the captured CUDA graph): ``on_fit_begin``, ``on_log`` at
+        every log point (about 100 a fit) and ``on_fit_end``; see
+        :mod:`skassoc.callbacks` (a checkpoint writer and a TensorBoard
+        writer ship there). A callback that raises ends training: the model
+        of the steps completed is kept, then the error propagates. A model
+        file never carries callbacks.
+    resume_from : str, os.PathLike or RunStore, default=None
+        Where ``fit`` starts from. A path: the model file (a checkpoint, see
+        :class:`~skassoc.callbacks.Checkpoint`) whose run it continues, or
+        whose weights it starts a new run from, as ``warm_start`` does with
+        this estimator's own fit (which comes first when ``warm_start=True``
+        and the estimator is fitted). A
+        :class:`~skassoc.model_selection.RunStore`: the run that an earlier
+        fit with the same parameters and data stored there, and ``fit``
+        stores its own run there (successive halving over ``max_iter``
+        continues each candidate this way). Never read from a model file.
 
     Attributes
     ----------
@@ -397,8 +422,14 @@ class SemiSupervisedAssociationClassifier(
         Width of the embedding (the number of output features of
         :meth:`transform`).
     n_iter_ : int
-        Training steps completed in the last ``fit`` (fewer than
-        ``max_iter`` when ``early_stopping`` stopped it).
+        Training steps of the fitted model's run (fewer than ``max_iter``
+        when ``early_stopping``, a callback or a Ctrl-C stopped it; a
+        continued run counts its earlier steps too, see ``warm_start``).
+    training_state_ : TrainingState or None
+        What continuing the run needs (see ``warm_start``): Adam's moments,
+        the step count, the moving average of the weights and the random
+        streams, on the CPU. None when the fitted weights are not those of
+        the run's last step (``early_stopping`` kept earlier ones).
     validation_scores_ : list of float or None
         Validation accuracy at every validation of the last ``fit``
         (``history_["validation_score"]``); None when it measured none.
@@ -509,6 +540,8 @@ class SemiSupervisedAssociationClassifier(
         tol=1e-4,
         class_weight=None,
         class_prior="auto",
+        callbacks=None,
+        resume_from=None,
     ):
         self.network = network
         self.input_shape = input_shape
@@ -551,6 +584,8 @@ class SemiSupervisedAssociationClassifier(
         self.tol = tol
         self.class_weight = class_weight
         self.class_prior = class_prior
+        self.callbacks = callbacks
+        self.resume_from = resume_from
 
     # ------------------------------------------------------------------ fit
 
@@ -614,42 +649,26 @@ class SemiSupervisedAssociationClassifier(
             inputs, validation = hold_out_validation(
                 inputs, self.validation_fraction, seed
             )
-        previous = get_fitted_state(self) if self._continues() else None
+        previous = self._previous_fit(inputs)
         settings = resolve_fit_settings(self, inputs, previous, seed)
         if self.verbose:
             # Where the progress bar goes.
             tqdm.write(describe_settings(settings), file=sys.stderr)
-        loss_weights = classification_weights(self.class_weight, inputs)
-        device = settings.device
-        with seeded_rng(settings.seed, device), torch_threads(device):
-            model = self._initial_model(inputs, settings, previous)
-            batches = make_batches(inputs, settings, loss_weights)
-            evaluate = self._scorer_during_fit(model, validation, inputs, settings)
-            with precision_context(device, settings.training.precision):
-                result = train(model, batches, settings.training, device, evaluate)
-            prior_interrupted = False
-            try:
-                class_prior = self._fitted_class_prior(model, inputs, settings)
-            except KeyboardInterrupt:
-                # Training has ended: its model is kept, with equal frequencies.
-                class_prior = uniform_prior(len(inputs.classes))
-                prior_interrupted = True
-        set_fitted_state(
-            self,
-            FittedState(
-                model=model,
-                classes=inputs.classes,
-                class_prior=class_prior,
-                input_shape=inputs.image_shape,
-                network=settings.spec.network,
-                n_features_in=inputs.n_features,
-                feature_names_in=inputs.feature_names,
-                n_iter=result.n_iter,
-                history=result.history,
-                device=device,
-            ),
+        [result] = train_estimators(
+            [self],
+            inputs,
+            settings,
+            previous=previous,
+            validation=validation,
+            loss_weights=classification_weights(self.class_weight, inputs),
         )
-        interrupted = _interruption(result, settings.training, prior_interrupted)
+        if result.failed_at is not None:
+            raise NonFiniteLossError(non_finite_message(result.failed_at))
+        store_run(self, inputs)
+        if result.error is not None:
+            # The model of the steps completed is kept (as after a Ctrl-C).
+            raise result.error
+        interrupted = interruption(result, settings.training)
         if interrupted is not None:
             # The fitted model is kept, but a search, a cross-validation or a
             # script must stop rather than score it as a finished fit.
@@ -657,9 +676,12 @@ class SemiSupervisedAssociationClassifier(
         warn_if_labels_unlearned(result, len(inputs.classes), settings.training)
         return self
 
-    def _continues(self):
-        """Whether this fit continues from the previous one (``warm_start``)."""
-        return bool(self.warm_start) and is_fitted(self)
+    def _previous_fit(self, inputs):
+        """The fitted state this fit starts from, or None for a new network:
+        this estimator's (``warm_start``), else ``resume_from``'s."""
+        if self.warm_start and is_fitted(self):
+            return get_fitted_state(self)
+        return previous_run(self, inputs)
 
     def _initial_model(self, inputs, settings, previous):
         """The model training starts from, on the training device."""
@@ -948,12 +970,12 @@ class SemiSupervisedAssociationClassifier(
 
     # ---------------------------------------------------------- persistence
 
-    def save(self, path):
+    def save(self, path, *, training_state=False):
         """Save the fitted estimator to one file, without pickle.
 
         The file is a zip archive of the parameters and fitted attributes as
         JSON and the network weights; see :func:`load` for what reading it
-        may and may not do.
+        may and may not do. Callbacks are never saved.
 
         Parameters
         ----------
@@ -963,16 +985,27 @@ class SemiSupervisedAssociationClassifier(
             over it at the end; a symbolic link at ``path`` is replaced by
             the file, not followed. Anything else than a regular file or a
             link at ``path`` (a directory, a FIFO, a device) is refused.
+        training_state : bool, default=False
+            Also store what continuing the run needs (``training_state_``:
+            Adam's moments, the schedule's step, the moving average of the
+            weights, the balance loss's estimate, the random streams), as
+            :class:`~skassoc.callbacks.Checkpoint` does: a warm start of the
+            loaded estimator then continues the run up to ``max_iter``. The
+            file is about three times the weights' size (five with
+            ``ema_decay``).
 
         Raises
         ------
         ValueError
             If the estimator uses a custom ``torch.nn.Module`` network, a
             parameter or label cannot be stored as JSON or is beyond the
-            limits of model files (the user guide's table), or ``path`` is
-            not a regular file. Nothing is written then.
+            limits of model files (the user guide's table), ``path`` is
+            not a regular file, or ``training_state=True`` and the estimator
+            has none (``training_state_`` is None: early stopping kept the
+            weights of an earlier step, or it was loaded from a file without
+            one). Nothing is written then.
         """
-        save_model(self, path)
+        save_model(self, path, training_state=training_state)
 
     @classmethod
     def load(cls, path, *, device="auto"):
@@ -1047,30 +1080,6 @@ class SemiSupervisedAssociationClassifier(
         return tags
 
 
-def _interruption(result, config, prior_interrupted):
-    """What a fit cut short by a Ctrl-C kept, or None if it was not."""
-    parts = []
-    if result.interrupted:
-        kept = (
-            f"the best-scoring weights (step {result.best_step})"
-            if result.best_step is not None
-            else "the weights of the last completed step"
-        )
-        parts.append(
-            f"Training was interrupted after {result.n_iter} of "
-            f"{config.max_iter} steps; the estimator is fitted with {kept}. "
-            "Fit again to train it fully."
-        )
-    if prior_interrupted:
-        parts.append(
-            "Interrupted while estimating the class frequencies "
-            "(class_prior='auto') after training; the estimator is fitted with "
-            "the trained weights and predicts with equal class frequencies. "
-            "Fit again, or set class_prior."
-        )
-    return " ".join(parts) if parts else None
-
-
 def _check_network_size(spec, device):
     """Refuse a network that cannot fit on ``device``, before allocating it.
 
@@ -1101,7 +1110,7 @@ def _check_network_size(spec, device):
             f"moments, and {parts} with their activations"
         )
         advice.append("embedding_dim")
-        if spec.network == "mlp":
+        if takes_hidden_layer_sizes(spec.network):
             advice.append("hidden_layer_sizes")
     if needed > available and advice:
         raise ValueError(

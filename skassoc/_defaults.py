@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from ._nn._networks import network_class
 from ._utils import varies
 
 __all__ = [
@@ -54,8 +55,9 @@ MIN_STEPS = 1_000
 MAX_STEPS = 20_000
 #: The CPU work estimate's model of one core, in nominal seconds: a step's
 #: fixed cost (optimiser, losses, batch draw), and the rate of multiply-adds
-#: of the MLP and of convolutions, which run faster on larger images (per
-#: pixel of image width) and at half speed without native bf16 arithmetic.
+#: of dense layers (the MLP's) and of convolutions (a network's ``cpu_rate``
+#: says which), which run faster on larger images (per pixel of image width)
+#: and at half speed without native bf16 arithmetic.
 STEP_SECONDS = 4e-3
 MLP_MACS_PER_SECOND = 5e10
 CONV_MACS_PER_SECOND_PER_WIDTH = 4.5e9
@@ -110,26 +112,6 @@ def auto_unlabeled_batch_size(n_unlabeled):
     return int(max(1, min(MAX_UNLABELED_BATCH_SIZE, n_unlabeled)))
 
 
-def _conv_macs(layers, channels, height, width):
-    """Multiply-adds of 3x3 "same" convolutions; ``"P"`` halves the image."""
-    macs = 0
-    for layer in layers:
-        if layer == "P":
-            height, width = height // 2, width // 2
-        else:
-            macs += 9 * channels * layer * height * width
-            channels = layer
-    return macs, channels * height * width
-
-
-#: The built-in convolutional networks' layers (see ``_networks``).
-_CONV_LAYERS = {
-    "mnist": [32, 32, "P", 64, 64, "P", 128, 128, "P"],
-    "small": [32, 32, "P", 64, 64, "P", 128],
-    "svhn": [32, 32, 32, "P", 64, 64, 64, "P", 128, 128, 128, "P"],
-}
-
-
 def network_macs(
     network_name,
     input_shape,
@@ -139,17 +121,19 @@ def network_macs(
 ):
     """Multiply-adds of one sample's forward pass through a built-in network.
 
-    Counts the convolutions' and linear layers' multiply-adds (which dominate
-    the time); ``"stl10"``, whose strided layers this does not model, is
-    counted as the SVHN network on its input.
+    The network's class in the registry (``NETWORKS``) counts them from its
+    own layers (its ``forward_macs``): the convolutions' and linear layers'
+    multiply-adds, which dominate the time.
 
     Parameters
     ----------
-    network_name : {"mlp", "small", "mnist", "svhn", "stl10"}
+    network_name : str
+        A key of ``NETWORKS``.
     input_shape : tuple of int or None
         ``(channels, height, width)`` the network sees; None for feature rows.
     n_features : int
-        Values in one sample (used by ``"mlp"``).
+        Values in one feature row (the MLP's inputs when ``input_shape`` is
+        None).
     embedding_dim : int, default=128
     hidden_layer_sizes : tuple of int, default=(256, 256)
         The MLP's hidden layers.
@@ -158,31 +142,41 @@ def network_macs(
     -------
     macs : int
     """
-    if network_name == "mlp":
-        widths = [n_features, *hidden_layer_sizes, embedding_dim]
-        return int(sum(a * b for a, b in zip(widths[:-1], widths[1:], strict=True)))
-    layers = _CONV_LAYERS["svhn" if network_name == "stl10" else network_name]
-    macs, flat = _conv_macs(layers, *input_shape)
-    return int(macs + flat * embedding_dim)
+    network = network_class(network_name, input_shape)
+    return int(
+        network.forward_macs(
+            None if input_shape is None else tuple(input_shape),
+            n_features,
+            embedding_dim,
+            tuple(hidden_layer_sizes),
+        )
+    )
 
 
 def cpu_step_seconds(network_name, input_shape, sample_macs, step_samples, bf16):
     """Nominal seconds of one training step on one CPU core (a work estimate).
 
     ``STEP_SECONDS`` plus the forward and backward multiply-adds (3 times
-    the forward pass) of ``step_samples`` samples at the model's rate:
-    ``MLP_MACS_PER_SECOND`` for the MLP, ``CONV_MACS_PER_SECOND_PER_WIDTH``
-    times the image's geometric-mean side (at most ``CONV_RATE_MAX_WIDTH``)
-    for a convolutional network,
-    halved without native bf16 arithmetic (``bf16=False``).
+    the forward pass) of ``step_samples`` samples at the rate that the
+    network's class names (its ``cpu_rate``): ``MLP_MACS_PER_SECOND`` for
+    ``"dense"`` layers (the MLP, which runs in float32 either way),
+    ``CONV_MACS_PER_SECOND_PER_WIDTH`` times the image's geometric-mean side
+    (at most ``CONV_RATE_MAX_WIDTH``) for ``"conv"`` ones, halved without
+    native bf16 arithmetic (``bf16=False``).
     """
-    if network_name == "mlp":
+    cpu_rate = network_class(network_name, input_shape).cpu_rate
+    if cpu_rate == "dense":
         rate = MLP_MACS_PER_SECOND
-    else:
+    elif cpu_rate == "conv":
         width = min(math.sqrt(math.prod(input_shape[1:])), CONV_RATE_MAX_WIDTH)
         rate = CONV_MACS_PER_SECOND_PER_WIDTH * width
         if not bf16:
             rate /= 2
+    else:
+        raise ValueError(
+            f"Network {network_name!r} has cpu_rate={cpu_rate!r}; "
+            "expected 'dense' or 'conv'."
+        )
     return STEP_SECONDS + 3 * sample_macs * step_samples / rate
 
 

@@ -48,6 +48,10 @@ class FittedState:
         The loss and validation curves.
     device : torch.device
         Where the model lives.
+    training_state : TrainingState or None
+        What continuing the run needs (``training_state_``): Adam's moments,
+        the schedule's step, the moving average, the random streams; None
+        when the run cannot be continued (see ``warm_start``).
     """
 
     model: torch.nn.Module
@@ -60,6 +64,7 @@ class FittedState:
     n_iter: int
     history: dict
     device: torch.device
+    training_state: object = None
 
 
 _NAMES = tuple(field.name for field in fields(FittedState))

@@ -28,6 +28,7 @@ registered from outside the package (as ``tests/test_loss_registry.py``
 does); code that reads the table at fit time reads ``_params.PARAMS``.
 """
 
+import os
 from dataclasses import KW_ONLY, dataclass
 from numbers import Integral, Real
 
@@ -36,8 +37,8 @@ import torch
 from sklearn.utils._param_validation import Interval, Options, StrOptions
 
 from ._engine._batches import UNLABELED_POOLS
+from ._engine._optim import LR_SCHEDULES
 from ._engine._sampling import UNLABELED_SAMPLINGS
-from ._engine._training import LR_SCHEDULES
 from ._io._limits import (
     MAX_BATCH,
     MAX_LAYERS,
@@ -55,6 +56,7 @@ from ._io._limits import (
     sizes,
 )
 from ._nn._networks import NETWORKS
+from ._run_store import RunStore
 
 __all__ = [
     "Param",
@@ -467,6 +469,22 @@ PARAMS = (
         constraints=(StrOptions({"auto", "uniform"}), "array-like"),
         file_domain=is_class_prior,
         part="prediction",
+    ),
+    Param(
+        "callbacks",
+        default=None,
+        constraints=(None, list, tuple),
+        # Callbacks are code: a model file never carries them.
+        file_domain=NOT_FROM_FILES,
+        part="fit",
+    ),
+    Param(
+        "resume_from",
+        default=None,
+        constraints=(None, str, os.PathLike, RunStore),
+        # A path to read: a model file never points at another file.
+        file_domain=NOT_FROM_FILES,
+        part="fit",
     ),
 )
 

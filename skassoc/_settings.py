@@ -24,13 +24,18 @@ from ._defaults import (
     network_macs,
 )
 from ._engine._augmentation import resolve_augmentation
+from ._engine._config import TrainingConfig, default_log_interval
 from ._engine._device import cpu_has_native_bf16, resolve_device
 from ._engine._loss_terms import active_terms, needs_of
-from ._engine._training import TrainingConfig, default_log_interval
 from ._inputs import UNLABELED
 from ._nn._image_format import check_image_size
 from ._nn._model import ModelSpec, is_builtin, spec_of_model
-from ._nn._networks import NETWORKS, auto_network_name
+from ._nn._networks import (
+    NETWORKS,
+    auto_network_name,
+    embeds_rows,
+    takes_hidden_layer_sizes,
+)
 from ._prior import check_class_prior, training_class_prior
 from ._utils import is_integer
 
@@ -318,7 +323,7 @@ def _model_spec(estimator, inputs):
     )
     if spec.network == "auto":
         spec = _replace(spec, network=auto_network_name(spec.network_shape))
-    if spec.network != "mlp":
+    if not takes_hidden_layer_sizes(spec.network):
         spec = _replace(spec, hidden_layer_sizes=())
     return spec
 
@@ -362,8 +367,8 @@ def _check_image_options(estimator, image_shape):
 
 
 def embeds_feature_vectors(inputs, spec):
-    """Whether the built-in MLP embeds feature vectors (which "auto" noises)."""
-    return inputs.image_shape is None and spec.network == "mlp"
+    """Whether a built-in network embeds feature vectors (which "auto" noises)."""
+    return inputs.image_shape is None and embeds_rows(spec.network)
 
 
 def _check_augmentation(estimator, inputs, feature_vectors, seed):
@@ -465,7 +470,7 @@ def _check_warm_start(estimator, inputs, spec, previous):
             spec.embedding_dim,
             fitted.embedding_dim,
         )
-    if spec.network == fitted.network == "mlp":
+    if spec.network == fitted.network and takes_hidden_layer_sizes(spec.network):
         wanted["hidden_layer_sizes"] = spec.hidden_layer_sizes
         had["hidden_layer_sizes"] = fitted.hidden_layer_sizes
     changed = [name for name in wanted if wanted[name] != had[name]]

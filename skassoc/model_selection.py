@@ -40,9 +40,10 @@ from sklearn.utils._param_validation import HasMethods, StrOptions
 from sklearn.utils.metadata_routing import MetadataRequest
 from sklearn.utils.validation import _num_samples, column_or_1d
 
-from ._engine._stacked import STACKINGS, check_candidate_params, fit_candidates
 from ._fitted import is_fitted
 from ._inputs import unlabeled_mask
+from ._run_store import RunStore
+from ._stacked import STACKINGS, check_candidate_params, fit_candidates
 
 __all__ = [
     "SemiSupervisedKFold",
@@ -51,6 +52,7 @@ __all__ = [
     "RepeatedSemiSupervisedStratifiedKFold",
     "labeled_scorer",
     "StackedGridSearchCV",
+    "RunStore",
 ]
 
 
@@ -468,7 +470,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
 
     Like :class:`~sklearn.model_selection.GridSearchCV`, but every
     candidate of a fold trains in one loop with the others
-    (``skassoc._engine._stacked.fit_candidates``): they share the batches and
+    (``skassoc._stacked.fit_candidates``): they share the batches and
     the initial weights of the estimator's ``random_state``, so each
     candidate's scores are those of a separate fit up to float rounding,
     while a GPU computes the candidates side by side. The grid may vary the
@@ -493,9 +495,9 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     error_score : "raise" or float, default=np.nan
         Score of a candidate whose training loss became NaN or infinite; with
         ``"raise"``, the search raises at the first fold where one does.
-    stacking : {"auto", "vmap", "streams"}, default="auto"
-        How the candidates are computed (``fit_candidates`` in
-        ``skassoc._engine._stacked``).
+    stacking : {"auto", "streams"}, default="auto"
+        How the candidates are computed: each on a CUDA stream of its own
+        (``"streams"``, which ``"auto"`` is) inside one captured graph.
 
     Attributes
     ----------

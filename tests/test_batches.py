@@ -10,8 +10,10 @@ import torch
 
 import skassoc._classifier
 import skassoc._engine._batches
+import skassoc._engine._builtin
+import skassoc._engine._optim
 import skassoc._engine._sampling
-import skassoc._engine._training
+import skassoc._engine._step
 from skassoc import SemiSupervisedAssociationClassifier
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -201,8 +203,8 @@ def _with_chunk_size(monkeypatch, chunk_size):
     monkeypatch.setattr(
         skassoc._classifier, "resolve_fit_settings", resolve_fit_settings
     )
-    spy = _CountingCheckpoint(skassoc._engine._training.checkpoint)
-    monkeypatch.setattr(skassoc._engine._training, "checkpoint", spy)
+    spy = _CountingCheckpoint(skassoc._engine._step.checkpoint)
+    monkeypatch.setattr(skassoc._engine._step, "checkpoint", spy)
     return spy
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import skassoc._fit
 from skassoc import (
     RECIPES,
     SemiSupervisedAssociationClassifier,
@@ -20,7 +21,7 @@ from skassoc import (
 )
 from skassoc._engine._batches import make_batches
 from skassoc._engine._losses import LOG_EPSILON, visit_loss
-from skassoc._engine._training import class_frequencies, visit_start_weights
+from skassoc._engine._step import class_frequencies, visit_start_weights
 from skassoc._inputs import HELD_OUT, UNLABELED, validate_training_inputs
 from skassoc._io._format import METADATA_MEMBER, WEIGHTS_MEMBER
 from skassoc._prior import (
@@ -274,7 +275,7 @@ def test_bad_frequencies_are_refused_before_training(
     def train(*args, **kwargs):
         raise AssertionError("trained with bad frequencies")
 
-    monkeypatch.setattr(_classifier, "train", train)
+    monkeypatch.setattr(skassoc._fit, "train", train)
     X, y = blobs_semi
     two_classes = y <= 1
     X, y = X[two_classes][:, :2], y[two_classes]

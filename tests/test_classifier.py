@@ -419,7 +419,7 @@ def test_compiled_network_trains_the_same_steps(
 ):
     # The "eager" backend traces the network with TorchDynamo and runs the
     # traced graph as it is: the same arithmetic, without a C++ compiler.
-    import skassoc._engine._training
+    import skassoc._engine._step
 
     compiled = []
     compile_function = torch.compile
@@ -428,7 +428,7 @@ def test_compiled_network_trains_the_same_steps(
         compiled.append(options)
         return compile_function(function, **options)
 
-    monkeypatch.setattr(skassoc._engine._training.torch, "compile", recording_compile)
+    monkeypatch.setattr(skassoc._engine._step.torch, "compile", recording_compile)
     X, y = digits_images
     y_semi = np.where(np.arange(len(y)) % 4 == 0, y, -1)
     params = dict(network="mnist", max_iter=6, labeled_per_class=2)
@@ -478,7 +478,7 @@ def _schedule(**overrides):
 
 @pytest.mark.parametrize("schedule", ["step", "cosine"])
 def test_warm_up_grows_linearly_to_the_rate_then_the_schedule_runs(schedule):
-    from skassoc._engine._training import LearningRateFactor
+    from skassoc._engine._optim import LearningRateFactor
 
     factor = LearningRateFactor(_schedule(lr_schedule=schedule, lr_warmup_steps=4))
     assert [factor(step) for step in range(3)] == pytest.approx([0.25, 0.5, 0.75])
@@ -493,7 +493,7 @@ def test_warm_up_grows_linearly_to_the_rate_then_the_schedule_runs(schedule):
 
 
 def test_step_schedule_factors_are_torchs_steplr():
-    from skassoc._engine._training import LearningRateFactor
+    from skassoc._engine._optim import LearningRateFactor
 
     weight = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([weight], lr=1.0)
@@ -512,24 +512,24 @@ def test_a_tensor_rate_kept_in_place_follows_the_schedule(schedule):
     Before torch 2.4 the scheduler took that tensor as its base rate, so
     writing each step's rate into it compounded the factors.
     """
-    from skassoc._engine._training import (
-        LearningRateFactor,
-        _keep_lr_tensor,
-        make_scheduler,
-    )
+    from skassoc._engine._optim import LearningRateFactor, Optimization
 
-    config = _schedule(lr_schedule=schedule, lr_warmup_steps=3, lr_decay_steps=5)
-    rate = torch.tensor(0.1)
-    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=rate)
-    scheduler = make_scheduler(optimizer, config)
-    _keep_lr_tensor(optimizer, [rate])
+    config = _schedule(
+        lr_schedule=schedule, lr_warmup_steps=3, lr_decay_steps=5, learning_rate=0.1
+    )
+    weight = torch.nn.Parameter(torch.zeros(1))
+    weight.grad = torch.zeros(1)
+    groups = [{"params": [weight]}]
+    # capturable=True on the CPU: the rate is a tensor, as in a CUDA graph.
+    optimization = Optimization(groups, config, torch.device("cpu"), True)
+    rate = optimization.optimizer.param_groups[0]["lr"]
+    assert isinstance(rate, torch.Tensor)
     factor = LearningRateFactor(config)
     for step in range(30):
-        assert optimizer.param_groups[0]["lr"] is rate
+        assert optimization.optimizer.param_groups[0]["lr"] is rate
         assert float(rate) == pytest.approx(0.1 * factor(step), rel=1e-6)
-        optimizer.step()
-        scheduler.step()
-        _keep_lr_tensor(optimizer, [rate])
+        optimization.step()  # fused Adam on the CPU takes a tensor rate
+        optimization.next_rate()
 
 
 def test_a_fit_that_ends_no_better_than_a_guess_warns(fast_params):

@@ -19,9 +19,9 @@ from skassoc._engine._augmentation import (
     FeatureNoise,
     resolve_augmentation,
 )
-from skassoc._engine._stacked import fit_candidates
 from skassoc._nn._networks import MLPNet
 from skassoc._settings import fit_seed
+from skassoc._stacked import fit_candidates
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +258,7 @@ def test_augmentation_that_does_not_suit_the_inputs_is_refused(
     np.testing.assert_array_equal(fitted.predict_proba(X), before)
 
 
-@pytest.mark.parametrize("stacking", ["vmap", "streams"])
+@pytest.mark.parametrize("stacking", ["auto", "streams"])
 def test_stacked_candidates_with_the_consistency_loss_equal_separate_fits(
     fast_params, scaled_blobs, stacking
 ):

@@ -8,7 +8,9 @@ import torch
 from sklearn.utils.class_weight import compute_class_weight
 
 import skassoc._engine._batches
-import skassoc._engine._training
+import skassoc._engine._builtin
+import skassoc._engine._optim
+import skassoc._engine._step
 from skassoc import SemiSupervisedAssociationClassifier
 
 NO_MINUS_ONE = "no label is -1"
@@ -255,7 +257,7 @@ def no_training(monkeypatch):
     def step(self):
         raise AssertionError("a training step ran before the input was rejected")
 
-    monkeypatch.setattr(skassoc._engine._training._AssociationStep, "__call__", step)
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", step)
 
 
 def test_x_val_as_long_as_x_warns(fast_params, blobs, blobs_semi):

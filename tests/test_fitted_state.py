@@ -11,7 +11,10 @@ import torch
 from sklearn.utils._param_validation import InvalidParameterError
 
 import skassoc._classifier
-import skassoc._engine._training
+import skassoc._engine._builtin
+import skassoc._engine._optim
+import skassoc._engine._step
+import skassoc._fit
 from skassoc import SemiSupervisedAssociationClassifier
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -25,14 +28,14 @@ def make_clf(fast_params, **overrides):
 def paused_training(monkeypatch):
     """Hold every fit at its training call until the test releases it."""
     started, release = threading.Event(), threading.Event()
-    original = skassoc._classifier.train
+    original = skassoc._fit.train
 
     def train(*args, **kwargs):
         started.set()
         assert release.wait(60)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(skassoc._classifier, "train", train)
+    monkeypatch.setattr(skassoc._fit, "train", train)
     return started, release
 
 
@@ -80,9 +83,7 @@ def test_interrupt_before_the_first_step_keeps_the_previous_model(
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(
-        skassoc._engine._training._AssociationStep, "__call__", interrupted
-    )
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", interrupted)
     with pytest.raises(KeyboardInterrupt):
         clf.fit(X[:, ::-1], y)
     assert clf.model_ is model
@@ -257,7 +258,7 @@ def test_a_step_too_large_for_memory_is_refused_before_training(
     def step(self):  # pragma: no cover - must not run
         raise AssertionError("training started")
 
-    monkeypatch.setattr(skassoc._engine._training._AssociationStep, "__call__", step)
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", step)
     with pytest.raises(ValueError, match=r"GiB .*unlabeled_batch_size"):
         make_clf(fast_params, unlabeled_batch_size=20_000).fit(X, y)
 

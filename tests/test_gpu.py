@@ -17,6 +17,7 @@ from sklearn.model_selection import GridSearchCV
 
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._engine._sampling import AssociationBatchSampler
+from skassoc.callbacks import Callback
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"
@@ -335,3 +336,78 @@ def test_walker_products_ignore_tf32():
     for p, p_expected in zip(got, expected):
         assert p.dtype == torch.float32
         torch.testing.assert_close(p.cpu().double(), p_expected, rtol=1e-4, atol=1e-7)
+
+
+class _Reader(Callback):
+    """Reads the model's weights (a host copy) at every log point."""
+
+    def __init__(self):
+        self.norms = []
+
+    def on_log(self, run):
+        with run.fitted_weights():
+            self.norms.append(float(run.model.logits.weight.norm()))
+
+
+@pytest.mark.parametrize("ema_decay", [None, 0.99])
+def test_callbacks_run_between_graph_replays(digit_images, ema_decay):
+    """A callback that reads the weights between replays changes nothing."""
+    X, y, y_semi = digit_images
+    reader = _Reader()
+    plain = fit(X, y_semi, precision="fp32", ema_decay=ema_decay)
+    watched = fit(X, y_semi, precision="fp32", ema_decay=ema_decay, callbacks=[reader])
+    assert len(reader.norms) == len(watched.history_["step"])
+    np.testing.assert_allclose(
+        watched.predict_proba(X), plain.predict_proba(X), atol=1e-4
+    )
+
+
+def test_a_run_continues_on_the_gpu_within_rounding(digit_images, tmp_path):
+    """Stopped, checkpointed, loaded and continued: the uninterrupted model."""
+    from skassoc.callbacks import Checkpoint
+
+    class StopAt(Callback):
+        def on_log(self, run):
+            if run.step >= 150:
+                run.stop()
+
+    X, y, y_semi = digit_images
+    params = dict(precision="fp32", ema_decay=0.99, augmentation="paper")
+    straight = fit(X, y_semi, **params)
+    path = tmp_path / "run.skassoc"
+    fit(X, y_semi, **params, callbacks=[StopAt(), Checkpoint(path, every=100)])
+    resumed = SemiSupervisedAssociationClassifier.load(path, device="cuda")
+    assert resumed.n_iter_ == 150
+    resumed.set_params(warm_start=True).fit(X, y_semi)
+    assert resumed.n_iter_ == 300
+    np.testing.assert_allclose(
+        resumed.predict_proba(X), straight.predict_proba(X), atol=2e-3
+    )
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"balance_weight": 1.0}, {"class_weight": "balanced", "ema_decay": 0.99}],
+)
+def test_stacked_candidates_with_every_setting_inside_the_graph(digit_images, settings):
+    from skassoc._stacked import fit_candidates
+
+    X, y, y_semi = digit_images
+    params = dict(
+        max_iter=200,
+        device="cuda",
+        random_state=0,
+        labeled_per_class=5,
+        precision="fp32",
+        **settings,
+    )
+    grid = [{"visit_weight": 0.5}, {"visit_weight": 1.0}]
+    stacked = fit_candidates(
+        SemiSupervisedAssociationClassifier(**params), grid, X, y_semi
+    )
+    for candidate, est in zip(grid, stacked, strict=True):
+        separate = SemiSupervisedAssociationClassifier(**params, **candidate)
+        separate.fit(X, y_semi)
+        np.testing.assert_allclose(
+            est.predict_proba(X), separate.predict_proba(X), atol=1e-3
+        )

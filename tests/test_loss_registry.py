@@ -30,8 +30,8 @@ from skassoc._engine._loss_terms import (
     register_loss_term,
     unregister_loss_term,
 )
-from skassoc._engine._stacked import fit_candidates
 from skassoc._params import PARAMS, add_param, loss_weight, remove_param
+from skassoc._stacked import fit_candidates
 from skassoc.model_selection import SemiSupervisedStratifiedKFold, StackedGridSearchCV
 
 

@@ -231,7 +231,7 @@ def test_save_names_a_subclass_parameter_that_files_cannot_hold(saved, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["__class__", "callbacks", "_fit_context"])
+@pytest.mark.parametrize("name", ["__class__", "on_fit_begin", "_fit_context"])
 def test_unknown_parameters_are_refused(saved, tmp_path, name):
     _, _, metadata, weights = saved
     path = write_archive(

@@ -18,8 +18,7 @@ from sklearn.utils._param_validation import (
 
 from skassoc import RECIPES, SemiSupervisedAssociationClassifier
 from skassoc._defaults import network_macs
-from skassoc._engine._stacked import check_candidate_params
-from skassoc._engine._training import TrainingConfig
+from skassoc._engine._config import TrainingConfig
 from skassoc._inputs import validate_training_inputs
 from skassoc._io._metadata import decode_params, encode_params
 from skassoc._nn._networks import NETWORKS
@@ -33,6 +32,7 @@ from skassoc._params import (
     varying_params,
 )
 from skassoc._settings import copied_settings, resolve_fit_settings
+from skassoc._stacked import check_candidate_params
 
 Classifier = SemiSupervisedAssociationClassifier
 NAMES = [p.name for p in PARAMS]
@@ -89,7 +89,7 @@ def test_every_default_is_valid_and_can_be_saved():
 
 
 def test_the_model_files_parameters_are_the_tables():
-    assert NEVER_FROM_FILE == ("compile", "device")
+    assert NEVER_FROM_FILE == ("compile", "device", "callbacks", "resume_from")
     assert list(SAFE_PARAMS) == [n for n in NAMES if n not in NEVER_FROM_FILE]
     for param in PARAMS:
         if param.file_domain is NOT_FROM_FILES:

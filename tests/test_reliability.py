@@ -22,15 +22,16 @@ from sklearn.model_selection import GridSearchCV, cross_validate
 from sklearn.utils._param_validation import Interval, InvalidParameterError
 
 import skassoc._classifier
+import skassoc._engine._builtin
 import skassoc._engine._device
+import skassoc._engine._loop
+import skassoc._engine._optim
 import skassoc._engine._sampling
-import skassoc._engine._training
+import skassoc._engine._step
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._engine._training import (
-    NonFiniteLossError,
-    _sigint_held_back,
-    load_torch_dynamo,
-)
+from skassoc._engine._loop import NonFiniteLossError
+from skassoc._engine._optim import load_torch_dynamo
+from skassoc._engine._optim import sigint_held_back as _sigint_held_back
 from skassoc._params import SAFE_PARAMS
 from skassoc._settings import _compile_options
 from skassoc.model_selection import SemiSupervisedStratifiedKFold, labeled_scorer
@@ -49,7 +50,7 @@ def no_training(monkeypatch):
     def step(self):
         raise AssertionError("a training step ran before the input was rejected")
 
-    monkeypatch.setattr(skassoc._engine._training._AssociationStep, "__call__", step)
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", step)
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def interrupt_at(monkeypatch):
     """Make the step raise KeyboardInterrupt once, after ``k`` steps (of any fit)."""
 
     def install(k):
-        original = skassoc._engine._training._AssociationStep.__call__
+        original = skassoc._engine._step.AssociationStep.__call__
         calls = {"n": 0}
 
         def step(self):
@@ -66,9 +67,7 @@ def interrupt_at(monkeypatch):
                 raise KeyboardInterrupt
             return original(self)
 
-        monkeypatch.setattr(
-            skassoc._engine._training._AssociationStep, "__call__", step
-        )
+        monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", step)
 
     return install
 
@@ -632,7 +631,7 @@ def test_failure_inside_training_keeps_previous_fit(labeled_params, blobs, monke
     X, y = blobs
     clf = make_clf(labeled_params, warm_start=True, max_iter=20).fit(X, y)
     before = fitted_state(clf, X)
-    original = skassoc._engine._training._AssociationStep.__call__
+    original = skassoc._engine._step.AssociationStep.__call__
     calls = {"n": 0}
 
     def failing_step(self):
@@ -641,9 +640,7 @@ def test_failure_inside_training_keeps_previous_fit(labeled_params, blobs, monke
             raise RuntimeError("simulated out of memory")
         return original(self)
 
-    monkeypatch.setattr(
-        skassoc._engine._training._AssociationStep, "__call__", failing_step
-    )
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", failing_step)
     with pytest.raises(RuntimeError, match="simulated"):
         clf.fit(X, y)
     assert_same_state(clf, X, before)
@@ -769,14 +766,22 @@ def _assert_whole_history(clf):
     assert all(value > 0 for value in history["total"]), history
 
 
-@pytest.mark.parametrize("method", ["read_losses", "_append", "validate"])
+@pytest.mark.parametrize(
+    "function",
+    [
+        skassoc._engine._loop._Loop._log,
+        skassoc._engine._builtin.append_entry,
+        skassoc._engine._builtin.History.on_log,
+        skassoc._engine._builtin.Validation.on_log,
+    ],
+)
 def test_keyboard_interrupt_at_any_line_of_logging_keeps_history_whole(
-    labeled_params, blobs, method
+    labeled_params, blobs, function
 ):
     """An interrupt while the history is written leaves every entry whole,
     once: no step twice (with zero losses), no lists of unequal lengths."""
     X, y = blobs
-    code = getattr(skassoc._engine._training._TrainingLog, method).__code__
+    code = function.__code__
     lines = sorted({line for _, _, line in code.co_lines() if line is not None})
     reached = 0
     for line in lines:
@@ -794,7 +799,7 @@ def test_keyboard_interrupt_during_validation_keeps_best_weights_and_score(
     """A Ctrl-C that comes while the best weights are kept is delivered once
     their score is in the history."""
     X, y = blobs
-    original = skassoc._engine._training.BestWeights.update
+    original = skassoc._engine._builtin.BestWeights.update
 
     def update_then_interrupt(self, score, step):
         stop = original(self, score, step)
@@ -802,7 +807,7 @@ def test_keyboard_interrupt_during_validation_keeps_best_weights_and_score(
         return stop
 
     monkeypatch.setattr(
-        skassoc._engine._training.BestWeights, "update", update_then_interrupt
+        skassoc._engine._builtin.BestWeights, "update", update_then_interrupt
     )
     clf = make_clf(
         labeled_params, max_iter=10, validation_interval=5, early_stopping=True
@@ -825,7 +830,7 @@ def _without_torch_dynamo(monkeypatch, error):
         raise error
 
     monkeypatch.setattr(
-        skassoc._engine._training.importlib, "import_module", failing_import
+        skassoc._engine._optim.importlib, "import_module", failing_import
     )
 
 

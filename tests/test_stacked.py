@@ -7,11 +7,13 @@ from sklearn.datasets import load_digits, make_blobs
 from sklearn.model_selection import GridSearchCV
 from sklearn.utils._param_validation import InvalidParameterError
 
-import skassoc._engine._stacked
-import skassoc._engine._training
+import skassoc._engine._builtin
+import skassoc._engine._optim
+import skassoc._engine._step
+import skassoc._stacked
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._engine._stacked import fit_candidates
-from skassoc._engine._training import NonFiniteLossError
+from skassoc._engine._loop import NonFiniteLossError
+from skassoc._stacked import fit_candidates
 from skassoc.model_selection import (
     SemiSupervisedStratifiedKFold,
     StackedGridSearchCV,
@@ -44,7 +46,7 @@ def digits():
     return X, y
 
 
-@pytest.mark.parametrize("stacking", ["vmap", "streams"])
+@pytest.mark.parametrize("stacking", ["auto", "streams"])
 def test_stacked_fits_equal_separate_fits(blobs, fast_params, stacking):
     X, y = blobs
     estimator = SemiSupervisedAssociationClassifier(**fast_params)
@@ -86,8 +88,7 @@ def test_stacked_fits_with_given_class_frequencies_equal_separate_fits(
     assert not np.allclose(plain.history_["visit"], fitted[0].history_["visit"])
 
 
-@pytest.mark.parametrize("stacking", ["vmap", "streams"])
-def test_stacked_convolutional_network(digits, stacking):
+def test_stacked_convolutional_network(digits):
     X, y = digits
     params = dict(
         network="mnist",
@@ -102,12 +103,62 @@ def test_stacked_convolutional_network(digits, stacking):
         ema_decay=0.9,
     )
     estimator = SemiSupervisedAssociationClassifier(**params)
-    fitted = fit_candidates(estimator, CANDIDATES[:2], X, y, stacking=stacking)
+    fitted = fit_candidates(estimator, CANDIDATES[:2], X, y)
     for candidate, stacked in zip(CANDIDATES, fitted):
         separate = SemiSupervisedAssociationClassifier(**params, **candidate).fit(X, y)
         np.testing.assert_allclose(
             stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
         )
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"balance_weight": 1.0},
+        {"class_weight": "balanced"},
+        {"ema_decay": 0.9, "unlabeled_sampling": "epochs"},
+        {"early_stopping": True, "validation_interval": 5, "n_iter_no_change": 1},
+    ],
+    ids=["balance", "class_weight", "ema_epochs", "early_stopping"],
+)
+def test_every_setting_of_a_single_fit_works_for_stacked_candidates(
+    blobs, fast_params, settings
+):
+    """One engine: settings that the stacked loop once refused train each
+    candidate as its separate fit (early stopping stops each on its own)."""
+    X, y = blobs
+    params = {**fast_params, **settings}
+    candidates = [{"logit_weight": 1.0}, {"logit_weight": 3.0, "visit_weight": 0.2}]
+    fitted = fit_candidates(
+        SemiSupervisedAssociationClassifier(**params), candidates, X, y
+    )
+    for candidate, stacked in zip(candidates, fitted, strict=True):
+        separate = SemiSupervisedAssociationClassifier(**params, **candidate)
+        separate.fit(X, y)
+        assert stacked.n_iter_ == separate.n_iter_
+        assert stacked.history_.keys() == separate.history_.keys()
+        for name, values in separate.history_.items():
+            np.testing.assert_allclose(stacked.history_[name], values, rtol=1e-4)
+        np.testing.assert_allclose(
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
+        )
+
+
+def test_stacked_candidates_continue_a_fitted_estimators_run(blobs, fast_params):
+    """With warm_start, every candidate continues the estimator's run."""
+    X, y = blobs
+    params = {**fast_params, "lr_decay_steps": 10, "max_iter": 20}
+    estimator = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    estimator.set_params(warm_start=True, max_iter=40)
+    fitted = fit_candidates(estimator, CANDIDATES[:2], X, y)
+    for candidate, stacked in zip(CANDIDATES, fitted):
+        separate = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+        separate.set_params(warm_start=True, max_iter=40, **candidate).fit(X, y)
+        assert stacked.n_iter_ == separate.n_iter_ == 40
+        np.testing.assert_allclose(
+            stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
+        )
+    assert estimator.n_iter_ == 20  # the estimator itself is not changed
 
 
 def test_search_matches_grid_search(blobs, fast_params):
@@ -156,13 +207,7 @@ def test_refuses_other_parameters(blobs, fast_params):
     with pytest.raises(ValueError, match="one metric"):
         StackedGridSearchCV(estimator, GRID, scoring=["accuracy"]).fit(X, y)
     with pytest.raises(ValueError, match="stacking"):
-        fit_candidates(estimator, CANDIDATES, X, y, stacking="bogus")
-    warm = SemiSupervisedAssociationClassifier(**fast_params, warm_start=True)
-    with pytest.raises(ValueError, match="warm_start"):
-        fit_candidates(warm, CANDIDATES, X, y)
-    compiled = SemiSupervisedAssociationClassifier(**fast_params, compile={})
-    with pytest.raises(ValueError, match="compile"):
-        fit_candidates(compiled, CANDIDATES, X, y)
+        fit_candidates(estimator, CANDIDATES, X, y, stacking="vmap")
     with pytest.raises(ValueError, match="visit_weight"):
         fit_candidates(estimator, [{"visit_weight": -1.0}], X, y)
 
@@ -175,12 +220,16 @@ def second_candidate_fails(monkeypatch):
     one candidate alone cannot be driven to infinity by its parameters.
     """
     reports = []
+    original = skassoc._engine._step.AssociationStep.__call__
 
-    def failed(self):
-        reports.append(1)
-        return {1}
+    def step(self):
+        original(self)
+        if len(self.models) > 1:
+            if not reports or reports[-1] is not self:
+                reports.append(self)
+            self.first_nonfinite_step[1] = 0.0
 
-    monkeypatch.setattr(skassoc._engine._stacked._StackedLog, "failed", failed)
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", step)
     return reports
 
 
@@ -243,7 +292,7 @@ def test_keyboard_interrupt_stops_the_stacked_search(blobs, fast_params, monkeyp
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(skassoc._engine._stacked._StackedStep, "__call__", interrupted)
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", interrupted)
     search = StackedGridSearchCV(estimator, GRID, cv=3)
     with pytest.raises(KeyboardInterrupt):
         search.fit(X, y)
@@ -256,18 +305,20 @@ def test_keyboard_interrupt_during_the_refit_stops_the_search(
     """The refit is a plain fit: it keeps its model, then raises."""
     X, y = blobs
     estimator = SemiSupervisedAssociationClassifier(**fast_params)
-    original = skassoc._engine._training._AssociationStep.__call__
+    original = skassoc._engine._step.AssociationStep.__call__
     calls = []
 
     def interrupted_after_five(self):
+        if len(self.models) > 1:
+            return original(self)
         calls.append(1)
         if len(calls) == 6:
             raise KeyboardInterrupt
         return original(self)
 
-    # The stacked folds use their own step; only the refit runs this one.
+    # The stacked folds train two models a step; only the refit trains one.
     monkeypatch.setattr(
-        skassoc._engine._training._AssociationStep, "__call__", interrupted_after_five
+        skassoc._engine._step.AssociationStep, "__call__", interrupted_after_five
     )
     search = StackedGridSearchCV(estimator, {"logit_weight": [1.0, 2.0]}, cv=3)
     with pytest.raises(KeyboardInterrupt, match="interrupted after 5 of 30"):
@@ -276,7 +327,7 @@ def test_keyboard_interrupt_during_the_refit_stops_the_search(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("stacking", ["vmap", "streams"])
+@pytest.mark.parametrize("stacking", ["auto", "streams"])
 def test_stacked_on_gpu(blobs, fast_params, stacking):
     X, y = blobs
     # fp32: TF32 would round the two ways differently enough to drift.

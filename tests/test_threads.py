@@ -6,6 +6,7 @@ import torch
 from sklearn.model_selection import GridSearchCV
 
 import skassoc._classifier
+import skassoc._fit
 from skassoc import SemiSupervisedAssociationClassifier
 
 IMAGE_FIT = {
@@ -55,13 +56,13 @@ def test_fit_runs_on_one_thread_and_restores_the_callers(
     caller_threads, fast_params, blobs_semi, monkeypatch
 ):
     seen = []
-    original = skassoc._classifier.train
+    original = skassoc._fit.train
 
     def recording_train(*args, **kwargs):
         seen.append(torch.get_num_threads())
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(skassoc._classifier, "train", recording_train)
+    monkeypatch.setattr(skassoc._fit, "train", recording_train)
     torch.set_num_threads(2)
     SemiSupervisedAssociationClassifier(**fast_params).fit(*blobs_semi)
     assert seen == [1]
@@ -75,7 +76,7 @@ def test_failing_fit_restores_the_callers_threads(
         assert torch.get_num_threads() == 1
         raise RuntimeError("training failed")
 
-    monkeypatch.setattr(skassoc._classifier, "train", failing_train)
+    monkeypatch.setattr(skassoc._fit, "train", failing_train)
     torch.set_num_threads(2)
     with pytest.raises(RuntimeError, match="training failed"):
         SemiSupervisedAssociationClassifier(**fast_params).fit(*blobs_semi)

@@ -38,17 +38,19 @@ class WeightAverage:
         torch._foreach_copy_(self.params, self.average)
 
     @contextlib.contextmanager
-    def swapped_in(self):
-        """The average stands in for the weights until the context ends."""
+    def swapped_in(self, start=0, end=None):
+        """The average stands in for the weights ``start:end`` (all by
+        default) until the context ends."""
+        params, average = self.params[start:end], self.average[start:end]
         with torch.no_grad():
             # One buffer for the current weights, kept for the next swap.
             if self._current is None:
                 self._current = [param.detach().clone() for param in self.params]
-            else:
-                torch._foreach_copy_(self._current, self.params)
-            torch._foreach_copy_(self.params, self.average)
+            current = self._current[start:end]
+            torch._foreach_copy_(current, params)
+            torch._foreach_copy_(params, average)
         try:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_(self.params, self._current)
+                torch._foreach_copy_(params, current)

@@ -131,6 +131,36 @@ class AssociationBatchSampler:
             labeled_per_class
         )
 
+    def state_dict(self):
+        """Where the shuffled epochs stand (empty with replacement, whose
+        draws come from torch's generator alone)."""
+        if self.unlabeled_sampling != "epochs":
+            return {}
+        return {
+            "generator": self._shuffles.get_state(),
+            # A copy: the live buffer changes as the epochs go on.
+            "order": self._epoch_order.to("cpu", copy=True),
+            "position": self._epoch_position,
+        }
+
+    def load_state_dict(self, state):
+        """Continue the epochs of :meth:`state_dict`'s sampler.
+
+        An empty state, or one of a pool of another size (the data changed
+        between two fits), leaves the sampler to start a new epoch.
+        """
+        if self.unlabeled_sampling != "epochs" or not state:
+            return
+        self._shuffles.set_state(state["generator"])
+        order, pool = state["order"], self._unlabeled_on_host
+        # Only an order of this pool's own indices: one from other data (or
+        # a file) could hold indices past its end.
+        if len(order) == len(pool) and torch.equal(
+            order.sort().values, pool.sort().values
+        ):
+            self._epoch_order.copy_(order)
+            self._epoch_position = int(state["position"])
+
     def class_shares(self):
         """Each class's share of the labeled samples, a float tensor summing to 1."""
         return self._counts.double().div(self._counts.sum()).float()

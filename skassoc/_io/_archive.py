@@ -11,23 +11,45 @@ import stat
 import struct
 import zipfile
 import zlib
+from typing import NamedTuple
 
 from ._atomic import write_atomically
 from ._format import (
     LEGACY_WEIGHTS_MEMBER,
     METADATA_MEMBER,
+    TRAINING_STATE_MEMBER,
     WEIGHTS_MEMBER,
     InvalidModelFile,
 )
 from ._limits import MAX_METADATA_BYTES, MAX_METADATA_RATIO
 
-__all__ = ["write_archive", "read_archive"]
+__all__ = ["Archive", "write_archive", "read_archive"]
 
 # End of central directory record of a zip without comment: 22 bytes.
 _END_RECORD = struct.Struct("<4s4H2LH")
 
 
-def write_archive(path, metadata, weights):
+class Archive(NamedTuple):
+    """The members of a model file, as :func:`read_archive` reads them.
+
+    Attributes
+    ----------
+    metadata : dict
+        ``metadata.json``, parsed (not yet checked).
+    weights_member : str
+        The name of the weights member (format 3's, or the legacy one).
+    weights : bytes
+    training_state : bytes or None
+        ``training_state.safetensors``, None without it.
+    """
+
+    metadata: dict
+    weights_member: str
+    weights: bytes
+    training_state: bytes | None = None
+
+
+def write_archive(path, metadata, weights, training_state=None):
     """Write a model file of ``metadata`` and ``weights`` (bytes) atomically.
 
     Parameters
@@ -38,6 +60,9 @@ def write_archive(path, metadata, weights):
         The content of ``metadata.json``.
     weights : bytes
         The content of ``weights.safetensors``.
+    training_state : bytes, optional
+        The content of ``training_state.safetensors``; without it, the file
+        has no such member.
 
     Raises
     ------
@@ -64,6 +89,12 @@ def write_archive(path, metadata, weights):
             # members read back at disk speed, and load can require it (no
             # decompression bomb can hide there).
             archive.writestr(WEIGHTS_MEMBER, weights, compress_type=zipfile.ZIP_STORED)
+            if training_state is not None:
+                archive.writestr(
+                    TRAINING_STATE_MEMBER,
+                    training_state,
+                    compress_type=zipfile.ZIP_STORED,
+                )
 
     write_atomically(path, write, "model files")
 
@@ -105,7 +136,7 @@ def _open_regular(path):
 
 
 def read_archive(path):
-    """The metadata (parsed), the weights member's name and its bytes."""
+    """The members of the model file at ``path``, as an :class:`Archive`."""
     with _open_regular(path) as handle:
         try:
             _check_zip_bounds(handle)
@@ -122,6 +153,9 @@ def read_archive(path):
                 weights_member = _weights_member(archive)
                 raw_metadata = _read_member(archive, METADATA_MEMBER)
                 weights = _read_member(archive, weights_member)
+                training_state = None
+                if TRAINING_STATE_MEMBER in archive.namelist():
+                    training_state = _read_member(archive, TRAINING_STATE_MEMBER)
         except InvalidModelFile:
             raise
         except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError) as exc:
@@ -139,7 +173,7 @@ def read_archive(path):
         raise InvalidModelFile(f"{METADATA_MEMBER} is not valid JSON: {exc}") from None
     if not isinstance(metadata, dict):
         raise InvalidModelFile(f"{METADATA_MEMBER} is not a JSON object.")
-    return metadata, weights_member, weights
+    return Archive(metadata, weights_member, weights, training_state)
 
 
 def _check_zip_bounds(handle):
@@ -169,7 +203,12 @@ def _check_zip_bounds(handle):
 def _weights_member(archive):
     """The name of the weights member, after checks of the archive's members."""
     names = archive.namelist()
-    allowed = {METADATA_MEMBER, WEIGHTS_MEMBER, LEGACY_WEIGHTS_MEMBER}
+    allowed = {
+        METADATA_MEMBER,
+        WEIGHTS_MEMBER,
+        LEGACY_WEIGHTS_MEMBER,
+        TRAINING_STATE_MEMBER,
+    }
     unknown = sorted(set(names) - allowed)
     if unknown:
         raise InvalidModelFile(f"the archive holds unknown members {unknown[:3]}.")
@@ -178,7 +217,9 @@ def _weights_member(archive):
             raise InvalidModelFile(f"the archive holds {name} twice.")
     if METADATA_MEMBER not in names:
         raise InvalidModelFile(f"the archive has no {METADATA_MEMBER}.")
-    weights = [name for name in names if name != METADATA_MEMBER]
+    weights = [
+        name for name in names if name not in (METADATA_MEMBER, TRAINING_STATE_MEMBER)
+    ]
     if len(weights) != 1:
         raise InvalidModelFile(
             f"the archive has no {WEIGHTS_MEMBER}"

@@ -159,8 +159,14 @@ def convert_model_file(source, destination):
     """
     source, destination = as_path(source), as_path(destination)
     try:
-        metadata, weights_member, legacy = read_archive(source)
-        version = check_format(metadata, source, weights_member)
+        archive = read_archive(source)
+        metadata, legacy = archive.metadata, archive.weights
+        version = check_format(
+            metadata,
+            source,
+            archive.weights_member,
+            has_training_state=archive.training_state is not None,
+        )
         if version == FORMAT_VERSION:
             raise ValueError(
                 f"{source!r} is already of format {FORMAT_VERSION}: there is "

@@ -49,6 +49,11 @@ MAX_LABEL_CHARS = 1024
 MAX_LABEL_ARRAY_CHARS = 2**20
 # Values of the tensors a file may lack (buffers older files did not have).
 MAX_DEFAULTED_VALUES = 1024
+# Rows of the training data that a training state's sampler may index: its
+# shuffled epoch is the whole unlabeled pool (not a batch, so MAX_BATCH
+# would refuse MNIST's), one int64 a row. The bytes must be in the file, so
+# the bound only keeps the indices within what a fit could have had.
+MAX_TRAINING_ROWS = 2**31
 
 #: The dtypes of ``classes_`` that a model file holds, besides strings
 #: ("<U" and the width): NumPy's booleans, integers and floats of

@@ -30,6 +30,7 @@ from ._format import (
     FORMAT_VERSION,
     LEGACY_WEIGHTS_MEMBER,
     METADATA_MEMBER,
+    TRAINING_STATE_MEMBER,
     WEIGHTS_MEMBER,
     InvalidModelFile,
 )
@@ -300,8 +301,8 @@ def _unsupported_classes(classes):
 # ----------------------------------------------------------------- decoding
 
 
-def check_format(metadata, path, weights_member):
-    """The file's format version, once its name, version and weights agree."""
+def check_format(metadata, path, weights_member, has_training_state=False):
+    """The file's format version, once its name, version and members agree."""
     if metadata.get("format") != FORMAT_NAME:
         raise InvalidModelFile(
             f"its format is {str(metadata.get('format'))[:40]!r}, not {FORMAT_NAME!r}."
@@ -322,6 +323,10 @@ def check_format(metadata, path, weights_member):
         raise InvalidModelFile(
             f"format version {version} keeps its weights in {expected}, not "
             f"{weights_member}."
+        )
+    if has_training_state and version != FORMAT_VERSION:
+        raise InvalidModelFile(
+            f"format version {version} holds no {TRAINING_STATE_MEMBER}."
         )
     return version
 
@@ -358,8 +363,8 @@ def decode_params(params):
     if ignored:
         warnings.warn(
             f"The model file sets {', '.join(ignored)}, which model files may "
-            "not configure: compile stays off and device is load's argument. "
-            "Set them with set_params if you trust them.",
+            "not configure: compile stays off, device is load's argument and "
+            "callbacks are None. Set them with set_params if you trust them.",
             UserWarning,
             stacklevel=user_stacklevel(),
         )
@@ -380,10 +385,22 @@ def decode_output_config(config):
     return dict(config)
 
 
-def check_checksum(metadata, weights, member):
-    """Refuse weights whose SHA-256 is not the one of the metadata."""
-    expected = field(metadata, "weights_sha256", str)
-    if hashlib.sha256(weights).hexdigest() != expected:
+def check_checksum(metadata, data, member, key="weights_sha256"):
+    """Refuse a member whose SHA-256 is not the one of the metadata.
+
+    Parameters
+    ----------
+    metadata : dict
+        The entry of ``metadata.json`` that holds the checksum.
+    data : bytes
+        The member's content.
+    member : str
+        Its name, for the message.
+    key : str, default="weights_sha256"
+        The checksum's field in ``metadata``.
+    """
+    expected = field(metadata, key, str)
+    if hashlib.sha256(data).hexdigest() != expected:
         raise InvalidModelFile(
             f"the SHA-256 of {member} does not match the one in "
             f"{METADATA_MEMBER}; the file was corrupted or altered."

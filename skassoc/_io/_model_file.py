@@ -1,7 +1,8 @@
 """Save a fitted estimator to a model file, and load it back, without pickle.
 
 The format is described in ``_format``; this module puts the other parts
-together: the metadata, the weights and the archive.
+together: the metadata, the weights, the optional training state and the
+archive.
 """
 
 import os
@@ -29,6 +30,11 @@ from ._metadata import (
     metadata_bytes,
 )
 from ._refit_cost import refit_cost_problem
+from ._training_state import (
+    check_training_state,
+    encode_training_state,
+    read_training_state,
+)
 from ._weights import (
     build_loaded,
     check_weights_fit,
@@ -45,7 +51,7 @@ __all__ = ["save_model", "load_model", "as_path", "decode_file"]
 # ----------------------------------------------------------------- saving
 
 
-def save_model(estimator, path):
+def save_model(estimator, path, *, training_state=False):
     """Save a fitted estimator to one file, without pickle.
 
     Parameters
@@ -54,6 +60,9 @@ def save_model(estimator, path):
         A fitted estimator with a built-in network.
     path : str, bytes or os.PathLike
         Where to write the model (see the estimator's ``save``).
+    training_state : bool, default=False
+        Whether to store ``training_state_`` too (a checkpoint), so that a
+        warm start of the loaded estimator continues the run.
 
     Raises
     ------
@@ -62,8 +71,9 @@ def save_model(estimator, path):
     ValueError
         If the estimator uses a custom network, a parameter or the labels
         cannot be stored as JSON, a parameter (or their refit cost) is
-        outside the values that :func:`load_model` accepts, or ``path`` is
-        not a regular file. Nothing is written then.
+        outside the values that :func:`load_model` accepts, ``path`` is
+        not a regular file, or ``training_state`` is True and the estimator
+        has none (its run cannot be continued). Nothing is written then.
     """
     path = as_path(path)
     state = get_fitted_state(estimator)
@@ -73,9 +83,26 @@ def save_model(estimator, path):
     )
     params = encode_params(estimator.get_params(deep=False))
     _check_savable_cost(params, spec)
+    entry = data = None
+    if training_state:
+        _check_continuable(state)
+        entry, data = encode_training_state(state.training_state, spec, state.n_iter)
     weights = weights_bytes(state.model)
     metadata = encode_metadata(estimator, state, spec, params, weights)
-    write_archive(path, metadata_bytes(metadata), weights)
+    if entry is not None:
+        metadata["training_state"] = entry
+    write_archive(path, metadata_bytes(metadata), weights, data)
+
+
+def _check_continuable(state):
+    if state.training_state is None:
+        raise ValueError(
+            "Cannot save the training state: this estimator has none "
+            "(training_state_ is None), so its run cannot be continued. Early "
+            "stopping kept the weights of an earlier step, the fit failed, or "
+            "the estimator was loaded from a file saved without it. Save the "
+            "model without it (training_state=False)."
+        )
 
 
 def _check_builtin(network):
@@ -134,7 +161,8 @@ def load_model(estimator_class, path, *, device="auto"):
     -------
     estimator : estimator_class
         Fitted, with the file's parameters (``device`` is this function's)
-        and output configuration, the model on ``device``.
+        and output configuration, the model on ``device``, and the file's
+        training state on the CPU (``training_state_``; None without one).
 
     Raises
     ------
@@ -146,11 +174,19 @@ def load_model(estimator_class, path, *, device="auto"):
     resolved = resolve_device(device)
     name = as_path(path)
     try:
-        metadata, weights_member, weights = read_archive(name)
-        version = check_format(metadata, name, weights_member)
+        archive = read_archive(name)
+        metadata = archive.metadata
+        version = check_format(
+            metadata,
+            name,
+            archive.weights_member,
+            has_training_state=archive.training_state is not None,
+        )
         if version < FORMAT_VERSION:
             raise ValueError(_legacy_advice(name, metadata, version))
-        params, state, output = decode_file(metadata, weights, resolved)
+        params, state, output = decode_file(
+            metadata, archive.weights, resolved, archive.training_state
+        )
     except InvalidModelFile as exc:
         raise ValueError(f"{name!r} is not a valid skassoc model file: {exc}") from None
     estimator = estimator_class(**params, device=device)
@@ -172,16 +208,20 @@ def _legacy_advice(path, metadata, version):
     )
 
 
-def decode_file(metadata, weights, device):
-    """The parameters, fitted state and output configuration of a file."""
+def decode_file(metadata, weights, device, training_state=None):
+    """The parameters, fitted state and output configuration of a file.
+
+    ``training_state`` is the content of ``training_state.safetensors``
+    (None where the archive has no such member).
+    """
     params = decode_params(field(metadata, "params", dict))
     output = decode_output_config(metadata.get("output_config"))
-    state = _decode_state(metadata, weights, device, params)
+    state = _decode_state(metadata, weights, device, params, training_state)
     return params, state, output
 
 
-def _decode_state(metadata, weights, device, params):
-    """The fitted state of the file: its network, built only once checked."""
+def _decode_state(metadata, weights, device, params, training_state):
+    """The fitted state of the file: its tensors read only once all are checked."""
     check_checksum(metadata, weights, WEIGHTS_MEMBER)
     present = safetensors_header(weights)
     classes = decode_classes(field(metadata, "classes", dict), logit_width(present))
@@ -194,6 +234,9 @@ def _decode_state(metadata, weights, device, params):
         )
     names = decode_feature_names(metadata.get("feature_names_in"), spec.n_features)
     n_iter = decode_n_iter(metadata)
+    checked = check_training_state(
+        metadata.get("training_state"), training_state, spec, n_iter
+    )
     state_dict = read_weights(weights, present)
     model = build_loaded(spec, state_dict)
     return FittedState(
@@ -207,4 +250,5 @@ def _decode_state(metadata, weights, device, params):
         n_iter=n_iter,
         history=decode_history(field(metadata, "history", dict)),
         device=device,
+        training_state=read_training_state(checked),
     )

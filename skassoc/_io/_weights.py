@@ -30,8 +30,9 @@ __all__ = [
     "shortened",
 ]
 
-# The dtypes of built-in networks' weights, as safetensors names them.
-_SAFETENSORS_DTYPES = {"F32": torch.float32, "I64": torch.int64}
+# The dtypes of built-in networks' weights and of training states (uint8:
+# torch's generator states), as safetensors names them.
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "I64": torch.int64, "U8": torch.uint8}
 # How many items of a long shape or list a message quotes.
 _QUOTED_ITEMS = 8
 
@@ -68,12 +69,13 @@ def expected_weights(spec):
     return {key: (tuple(t.shape), t.dtype) for key, t in skeleton.state_dict().items()}
 
 
-def read_weights(weights, present):
+def read_weights(weights, present, member=WEIGHTS_MEMBER):
     """The weights as a dict of CPU tensors, refused unless finite.
 
     ``present`` is what the safetensors header declares, already matched
     against the network: no tensor is read, copied or checked before its
-    shape and dtype are known to be the network's.
+    shape and dtype are known to be the network's. ``member`` names the
+    buffer in messages (the training state is read the same way).
     """
     try:
         state = safetensors.torch.load(weights)
@@ -81,40 +83,44 @@ def read_weights(weights, present):
         # SafetensorError: offsets outside the buffer, gaps, overlaps, a
         # torn file.
         raise InvalidModelFile(
-            f"{WEIGHTS_MEMBER} is not a valid safetensors buffer: "
+            f"{member} is not a valid safetensors buffer: "
             f"{type(exc).__name__}: {str(exc)[:200]}"
         ) from None
     if {key: (tuple(t.shape), t.dtype) for key, t in state.items()} != present:
-        raise InvalidModelFile(f"{WEIGHTS_MEMBER} holds other tensors than its header.")
+        raise InvalidModelFile(f"{member} holds other tensors than its header.")
+    what = "weight" if member == WEIGHTS_MEMBER else f"{member} tensor"
     for key, tensor in state.items():
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise InvalidModelFile(f"weight {key[:60]!r} holds NaN or infinity.")
+            raise InvalidModelFile(f"{what} {key[:60]!r} holds NaN or infinity.")
     return state
 
 
-def safetensors_header(weights):
-    """Name, shape and dtype of each tensor that the safetensors header declares."""
+def safetensors_header(weights, member=WEIGHTS_MEMBER):
+    """Name, shape and dtype of each tensor that the safetensors header declares.
+
+    ``member`` names the buffer in messages.
+    """
     if len(weights) < 8:
-        raise InvalidModelFile(f"{WEIGHTS_MEMBER} is too short for a header.")
+        raise InvalidModelFile(f"{member} is too short for a header.")
     (size,) = struct.unpack("<Q", weights[:8])
     if size > min(MAX_HEADER_BYTES, len(weights) - 8):
         raise InvalidModelFile(
-            f"{WEIGHTS_MEMBER} declares a header of {size} bytes; it holds at "
+            f"{member} declares a header of {size} bytes; it holds at "
             f"most {MAX_HEADER_BYTES}, within the member."
         )
     try:
         header = json.loads(weights[8 : 8 + size], object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:
         raise InvalidModelFile(
-            f"the header of {WEIGHTS_MEMBER} is not valid JSON: {exc}"
+            f"the header of {member} is not valid JSON: {exc}"
         ) from None
     if not isinstance(header, dict):
-        raise InvalidModelFile(f"the header of {WEIGHTS_MEMBER} is not a JSON object.")
+        raise InvalidModelFile(f"the header of {member} is not a JSON object.")
     present = {}
     for key, entry in header.items():
         if key == "__metadata__":
             # safetensors' free-form strings, which save never writes.
-            raise InvalidModelFile(f"{WEIGHTS_MEMBER} holds a __metadata__ entry.")
+            raise InvalidModelFile(f"{member} holds a __metadata__ entry.")
         shape = entry.get("shape") if isinstance(entry, dict) else None
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
         if not (
@@ -122,9 +128,7 @@ def safetensors_header(weights):
             and all(is_integer(size) and size >= 0 for size in shape)
             and isinstance(dtype, str)
         ):
-            raise InvalidModelFile(
-                f"bad header entry {key[:60]!r} in {WEIGHTS_MEMBER}."
-            )
+            raise InvalidModelFile(f"bad header entry {key[:60]!r} in {member}.")
         # Other dtypes stay names, which no network's tensor matches.
         present[key] = (tuple(shape), _SAFETENSORS_DTYPES.get(dtype, dtype[:10]))
     return present

@@ -9,6 +9,8 @@ any embedding network.
 """
 
 import math
+from itertools import pairwise
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -25,31 +27,83 @@ __all__ = [
     "InputScale",
     "AssociationModel",
     "build_network",
+    "network_class",
     "place_model",
     "NETWORKS",
 ]
 
 
+#: Every convolution is 3x3 with "SAME" padding, as in the authors'
+#: TensorFlow code (stride 1 keeps the image size).
+KERNEL_SIZE = 3
+
+
+class Conv(NamedTuple):
+    """A convolution of a layer plan: ``channels`` outputs, 3x3, padding 1."""
+
+    channels: int
+    stride: int = 1
+
+
+class Pool(NamedTuple):
+    """A max-pool of a layer plan (the default: 2x2, halving the image)."""
+
+    kernel: int = 2
+    stride: int = 2
+    padding: int = 0
+
+
 def _conv(in_channels, out_channels, stride=1):
-    # 3x3 "SAME" convolutions, as in the authors' TensorFlow code.
-    return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1)
+    return nn.Conv2d(
+        in_channels, out_channels, KERNEL_SIZE, stride=stride, padding=KERNEL_SIZE // 2
+    )
 
 
-def _conv_stack(in_channels, blocks):
-    """Blocks of 3x3 ELU convolutions, each block closed by a 2x2 max-pool."""
-    layers = []
+def _pooled_blocks(blocks):
+    """The plan of ``(n_convs, channels)`` blocks, each closed by a 2x2 max-pool."""
+    plan = []
     for n_convs, channels in blocks:
-        for _ in range(n_convs):
-            layers += [_conv(in_channels, channels), nn.ELU()]
-            in_channels = channels
-        layers.append(nn.MaxPool2d(2, 2))
-    return nn.Sequential(*layers), in_channels
+        plan += [Conv(channels)] * n_convs + [Pool()]
+    return tuple(plan)
 
 
-def _pooled_size(size, n_pools):
-    for _ in range(n_pools):
-        size = size // 2
-    return size
+def _build_layers(in_channels, plan, batch_norm=False):
+    """The modules of a layer plan: ELU after every convolution, batch norm
+    between them with ``batch_norm``."""
+    layers = []
+    for layer in plan:
+        if isinstance(layer, Pool):
+            layers.append(nn.MaxPool2d(layer.kernel, layer.stride, layer.padding))
+            continue
+        layers.append(_conv(in_channels, layer.channels, layer.stride))
+        if batch_norm:
+            layers.append(nn.BatchNorm2d(layer.channels))
+        layers.append(nn.ELU())
+        in_channels = layer.channels
+    return nn.Sequential(*layers)
+
+
+def _plan_cost(plan, channels, height, width):
+    """Multiply-adds of one image through a layer plan's convolutions, and
+    the ``(channels, height, width)`` it comes out as.
+
+    The sizes follow torch's rule for a window of ``k`` pixels, stride ``s``
+    and padding ``p``: ``(size + 2 p - k) // s + 1``. The constructors size
+    their linear layer by the same walk, so the cost and the network agree.
+    """
+    macs = 0
+    for layer in plan:
+        if isinstance(layer, Pool):
+            kernel, stride, padding = layer.kernel, layer.stride, layer.padding
+        else:
+            kernel, stride, padding = KERNEL_SIZE, layer.stride, KERNEL_SIZE // 2
+        height, width = (
+            (size + 2 * padding - kernel) // stride + 1 for size in (height, width)
+        )
+        if isinstance(layer, Conv):
+            macs += KERNEL_SIZE**2 * channels * layer.channels * height * width
+            channels = layer.channels
+    return macs, (channels, height, width)
 
 
 def xavier_init_(module):
@@ -167,17 +221,61 @@ class InputScale(nn.Module):
 
 
 class _ImageNet(nn.Module):
-    """Shared check of the image shape and the learned pixel scale.
+    """A convolutional embedding network built from its layer plan.
 
-    Subclasses set ``reference_offset`` and ``reference_scale``: their
-    normalisation ``(x - reference_offset) / reference_scale`` of 8-bit pixels.
+    Subclasses set ``layers`` (a plan of :class:`Conv` and :class:`Pool`
+    layers, read by both the constructor and :meth:`forward_macs`, so the
+    cost cannot drift from the architecture), ``batch_norm``,
+    ``embedding_elu`` (an ELU after the embedding layer), ``min_size`` (the
+    smallest image side) and ``reference_offset`` and ``reference_scale``:
+    their normalisation ``(x - reference_offset) / reference_scale`` of 8-bit
+    pixels.
     """
 
+    layers = ()
+    batch_norm = False
+    embedding_elu = True
+    min_size = 8
     reference_offset = 0.0
     reference_scale = 255.0
+    #: Takes ``(channels, height, width)`` images, never feature rows.
+    image_input = True
+    #: Whether ``hidden_layer_sizes`` shapes it.
+    takes_hidden_layer_sizes = False
+    #: Its CPU work runs at the convolutions' rate (see ``_defaults``).
+    cpu_rate = "conv"
 
-    def _init_input_scale(self):
+    def _build(self, input_shape, embedding_dim):
+        """Build the input scale, the plan's layers and the embedding layer."""
+        self._check_shape(input_shape, self.min_size)
         self.input_scale = InputScale(self.reference_offset, self.reference_scale)
+        self.features = _build_layers(input_shape[0], self.layers, self.batch_norm)
+        _, out_shape = _plan_cost(self.layers, *input_shape)
+        embedding = [nn.Flatten(), nn.Linear(math.prod(out_shape), embedding_dim)]
+        if self.embedding_elu:
+            embedding.append(nn.ELU())
+        self.embedding = nn.Sequential(*embedding)
+        xavier_init_(self)
+
+    @classmethod
+    def from_inputs(cls, input_shape, n_features, embedding_dim, hidden_layer_sizes):
+        """The network for images of ``input_shape`` (the other sizes unused).
+
+        ``n_features`` and ``hidden_layer_sizes`` are there for the
+        registry's common signature (see ``NETWORKS``).
+        """
+        return cls(tuple(input_shape), embedding_dim)
+
+    @classmethod
+    def forward_macs(cls, input_shape, n_features, embedding_dim, hidden_layer_sizes):
+        """Multiply-adds of one image's forward pass, from the layer plan.
+
+        The convolutions' and the embedding layer's, which dominate the time
+        (biases, activations, pools and batch norms are left out). Arguments
+        as for :meth:`from_inputs`.
+        """
+        macs, out_shape = _plan_cost(cls.layers, *input_shape)
+        return macs + math.prod(out_shape) * embedding_dim
 
     @torch.no_grad()
     def fit_normalization(self, x, input_format=None):
@@ -226,20 +324,11 @@ class MNISTNet(_ImageNet):
     """
 
     default_l2_scale = 1e-3
+    layers = _pooled_blocks([(2, 32), (2, 64), (2, 128)])
 
     def __init__(self, input_shape=(1, 28, 28), embedding_dim=128):
         super().__init__()
-        self._check_shape(input_shape, 8)
-        self._init_input_scale()
-        channels, height, width = input_shape
-        self.features, out_channels = _conv_stack(
-            channels, [(2, 32), (2, 64), (2, 128)]
-        )
-        flat = out_channels * _pooled_size(height, 3) * _pooled_size(width, 3)
-        self.embedding = nn.Sequential(
-            nn.Flatten(), nn.Linear(flat, embedding_dim), nn.ELU()
-        )
-        xavier_init_(self)
+        self._build(input_shape, embedding_dim)
 
     def forward(self, x):
         return self.embedding(self.features(self.input_scale(x)))
@@ -268,20 +357,11 @@ class SVHNNet(_ImageNet):
 
     default_l2_scale = 1e-4
     reference_scale = 1.0
+    layers = _pooled_blocks([(3, 32), (3, 64), (3, 128)])
 
     def __init__(self, input_shape=(3, 32, 32), embedding_dim=128):
         super().__init__()
-        self._check_shape(input_shape, 8)
-        self._init_input_scale()
-        channels, height, width = input_shape
-        self.features, out_channels = _conv_stack(
-            channels, [(3, 32), (3, 64), (3, 128)]
-        )
-        flat = out_channels * _pooled_size(height, 3) * _pooled_size(width, 3)
-        self.embedding = nn.Sequential(
-            nn.Flatten(), nn.Linear(flat, embedding_dim), nn.ELU()
-        )
-        xavier_init_(self)
+        self._build(input_shape, embedding_dim)
 
     def forward(self, x):
         x = self.input_scale(x)
@@ -309,36 +389,25 @@ class STL10Net(_ImageNet):
     default_l2_scale = 5e-3
     reference_offset = 128.0
     reference_scale = 128.0
+    min_size = 32
+    batch_norm = True
+    embedding_elu = False
+    layers = (
+        Conv(32),
+        Conv(64, stride=2),
+        Pool(3, 2, padding=1),
+        Conv(64),
+        Conv(128),
+        Pool(),
+        Conv(128),
+        Conv(256),
+        Pool(),
+        Conv(128),
+    )
 
     def __init__(self, input_shape=(3, 96, 96), embedding_dim=128):
         super().__init__()
-        self._check_shape(input_shape, 32)
-        self._init_input_scale()
-        channels, height, width = input_shape
-
-        def block(cin, cout, stride=1):
-            return [_conv(cin, cout, stride), nn.BatchNorm2d(cout), nn.ELU()]
-
-        self.features = nn.Sequential(
-            *block(channels, 32),
-            *block(32, 64, stride=2),
-            nn.MaxPool2d(3, 2, padding=1),
-            *block(64, 64),
-            *block(64, 128),
-            nn.MaxPool2d(2, 2),
-            *block(128, 128),
-            *block(128, 256),
-            nn.MaxPool2d(2, 2),
-            *block(256, 128),
-        )
-        # Probe the output size in eval mode: in training mode the probe
-        # would update the batch norms' running statistics.
-        self.features.eval()
-        with torch.no_grad():
-            flat = self.features(torch.zeros(1, *input_shape)).numel()
-        self.features.train()
-        self.embedding = nn.Sequential(nn.Flatten(), nn.Linear(flat, embedding_dim))
-        xavier_init_(self)
+        self._build(input_shape, embedding_dim)
 
     def forward(self, x):
         return self.embedding(self.features(self.input_scale(x)))
@@ -365,22 +434,20 @@ class SmallImageNet(_ImageNet):
     """
 
     default_l2_scale = 1e-3
+    min_size = 4
+    layers = (*_pooled_blocks([(2, 32), (2, 64)]), Conv(128))
 
     def __init__(self, input_shape=(1, 16, 16), embedding_dim=128):
         super().__init__()
-        self._check_shape(input_shape, 4)
-        self._init_input_scale()
-        channels, height, width = input_shape
-        stack, out_channels = _conv_stack(channels, [(2, 32), (2, 64)])
-        self.features = nn.Sequential(*stack, _conv(out_channels, 128), nn.ELU())
-        flat = 128 * _pooled_size(height, 2) * _pooled_size(width, 2)
-        self.embedding = nn.Sequential(
-            nn.Flatten(), nn.Linear(flat, embedding_dim), nn.ELU()
-        )
-        xavier_init_(self)
+        self._build(input_shape, embedding_dim)
 
     def forward(self, x):
         return self.embedding(self.features(self.input_scale(x)))
+
+
+def _mlp_layers(n_features, hidden_layer_sizes, embedding_dim):
+    """``(in, out)`` widths of the MLP's linear layers, the embedding last."""
+    return list(pairwise([n_features, *hidden_layer_sizes, embedding_dim]))
 
 
 class MLPNet(nn.Module):
@@ -414,6 +481,11 @@ class MLPNet(nn.Module):
     """
 
     default_l2_scale = 1e-4
+    #: Takes feature rows (or images, flattened).
+    takes_hidden_layer_sizes = True
+    image_input = False
+    #: Its CPU work runs at the dense layers' rate (see ``_defaults``).
+    cpu_rate = "dense"
 
     def __init__(
         self,
@@ -423,9 +495,10 @@ class MLPNet(nn.Module):
         input_clip=3.0,
     ):
         super().__init__()
-        widths = [n_features, *hidden_layer_sizes, embedding_dim]
         layers = []
-        for width_in, width_out in zip(widths[:-1], widths[1:], strict=True):
+        for width_in, width_out in _mlp_layers(
+            n_features, hidden_layer_sizes, embedding_dim
+        ):
             layers += [nn.Linear(width_in, width_out), nn.ELU()]
         self.layers = nn.Sequential(*layers)
         self.input_clip = None if input_clip is None else float(input_clip)
@@ -443,6 +516,36 @@ class MLPNet(nn.Module):
         value = float(clip)
         self.input_clip = value if value > 0 else None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @classmethod
+    def from_inputs(cls, input_shape, n_features, embedding_dim, hidden_layer_sizes):
+        """The network for rows of ``n_features`` values, or flattened images.
+
+        Parameters
+        ----------
+        input_shape : tuple of int or None
+            ``(channels, height, width)`` of the images the network sees
+            (after any resize or colour conversion), whose pixels are its
+            features; None for feature rows.
+        n_features : int
+            Values in one row (used when ``input_shape`` is None).
+        embedding_dim : int
+            Width of the embedding.
+        hidden_layer_sizes : tuple of int
+            Widths of the hidden layers.
+        """
+        n_inputs = n_features if input_shape is None else math.prod(input_shape)
+        return cls(n_inputs, tuple(hidden_layer_sizes), embedding_dim)
+
+    @classmethod
+    def forward_macs(cls, input_shape, n_features, embedding_dim, hidden_layer_sizes):
+        """Multiply-adds of one sample's forward pass (its linear layers').
+
+        Arguments as for :meth:`from_inputs`.
+        """
+        n_inputs = n_features if input_shape is None else math.prod(input_shape)
+        layers = _mlp_layers(n_inputs, hidden_layer_sizes, embedding_dim)
+        return sum(width_in * width_out for width_in, width_out in layers)
 
     @property
     def hidden_layer_sizes(self):
@@ -491,6 +594,13 @@ class MLPNet(nn.Module):
         return f"input_clip={self.input_clip}"
 
 
+#: The built-in networks, by the name that ``network`` takes. A network
+#: class here describes itself to the rest of the package: ``from_inputs``
+#: and ``forward_macs`` (classmethods of ``(input_shape, n_features,
+#: embedding_dim, hidden_layer_sizes)``: the network, and its multiply-adds
+#: for one sample, which ``max_iter="auto"`` budgets), ``image_input``,
+#: ``cpu_rate`` (``"conv"`` or ``"dense"``, see ``_defaults``),
+#: ``default_l2_scale`` and ``fit_normalization``.
 NETWORKS = {
     "mnist": MNISTNet,
     "svhn": SVHNNet,
@@ -525,6 +635,45 @@ def auto_network_name(input_shape):
     return "mlp"
 
 
+def network_class(name, input_shape):
+    """The registered class of network ``name``, checked against its inputs.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`NETWORKS`.
+    input_shape : tuple of int or None
+        ``(channels, height, width)`` of the images the network sees, None
+        for feature rows.
+
+    Returns
+    -------
+    cls : type
+        ``NETWORKS[name]``.
+    """
+    if name not in NETWORKS:
+        raise ValueError(
+            f"Unknown network {name!r}; the built-in ones are {sorted(NETWORKS)}."
+        )
+    cls = NETWORKS[name]
+    if cls.image_input and input_shape is None:
+        raise ValueError(
+            f"network={name!r} needs image inputs: pass X of shape (n, h, w) or "
+            "(n, c, h, w), or 2-D rows together with input_shape=(c, h, w)."
+        )
+    return cls
+
+
+def takes_hidden_layer_sizes(name):
+    """Whether the built-in network ``name`` is shaped by ``hidden_layer_sizes``."""
+    return name in NETWORKS and NETWORKS[name].takes_hidden_layer_sizes
+
+
+def embeds_rows(name):
+    """Whether the built-in network ``name`` embeds feature rows (not images)."""
+    return name in NETWORKS and not NETWORKS[name].image_input
+
+
 def build_network(name, input_shape, n_features, embedding_dim, hidden_layer_sizes):
     """Build the built-in embedding network ``name`` for the given inputs.
 
@@ -532,16 +681,12 @@ def build_network(name, input_shape, n_features, embedding_dim, hidden_layer_siz
     any resize or colour conversion), None for feature rows of
     ``n_features`` values.
     """
-    if name == "mlp":
-        if input_shape is not None:
-            n_features = math.prod(input_shape)
-        return MLPNet(n_features, tuple(hidden_layer_sizes), embedding_dim)
-    if input_shape is None:
-        raise ValueError(
-            f"network={name!r} needs image inputs: pass X of shape (n, h, w) or "
-            "(n, c, h, w), or 2-D rows together with input_shape=(c, h, w)."
-        )
-    return NETWORKS[name](tuple(input_shape), embedding_dim)
+    return network_class(name, input_shape).from_inputs(
+        None if input_shape is None else tuple(input_shape),
+        n_features,
+        embedding_dim,
+        tuple(hidden_layer_sizes),
+    )
 
 
 class AssociationModel(nn.Module):

@@ -1,0 +1,352 @@
+"""The training loop: K >= 1 models, one step at a time, callbacks between.
+
+The loop asks the :class:`~skassoc._engine._runner.DeviceRunner` to run each
+step, reads the loss sums back at every log point (one host synchronisation
+for all models) and calls each model's callbacks there. A model whose
+callbacks ask it to stop is set aside with its weights and state of that
+step; the loop ends when every model has stopped or ``max_iter`` is reached.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ._callback import TrainingRun, call_hook
+from ._optim import Optimization, parameter_groups
+from ._state import TrainingState, capture_state, restore_states
+from ._step import AssociationStep
+
+__all__ = [
+    "Member",
+    "TrainingResult",
+    "NonFiniteLossError",
+    "non_finite_message",
+    "train",
+]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when a training loss becomes NaN or infinite."""
+
+
+def non_finite_message(step):
+    """Why a fit whose loss became NaN or infinite at ``step`` failed."""
+    return (
+        f"The training loss became NaN or infinite at step {step}. "
+        "The learning rate is likely too high for this data, or the "
+        "inputs are on an extreme scale (for a custom network, scale "
+        "them first); lower learning_rate or rescale X."
+    )
+
+
+@dataclass
+class Member:
+    """One model of a run as its caller sees it.
+
+    Attributes
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        The estimator the model is trained for (callbacks see it).
+    callbacks : list
+        Its callbacks, built-in ones first (see ``_builtin``).
+    snapshot : callable, optional
+        ``snapshot(run)`` returns a fitted copy of the estimator as if
+        training ended now (``TrainingRun.snapshot``).
+    state : TrainingState, optional
+        Where a continued run starts (None: step 0).
+    history : dict
+        The history to continue (a continued run's earlier entries).
+    """
+
+    estimator: object
+    callbacks: list
+    snapshot: object = None
+    state: TrainingState | None = None
+    history: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainingResult:
+    """What a run did for one model.
+
+    Attributes
+    ----------
+    n_iter : int
+        Steps of its run completed (a continued run's earlier ones included).
+    history : dict
+    interrupted : bool
+        Ended early by a Ctrl-C or an error in a callback.
+    stopped : bool
+        Ended early at its own request (early stopping, a callback's
+        ``run.stop()``).
+    best_step : int or None
+        The step of the weights early stopping kept.
+    failed_at : int or None
+        The (1-based) step whose loss was NaN or infinite.
+    training_state : TrainingState or None
+        What continuing the run needs; None when the model's weights are not
+        those of its last step (early stopping kept earlier ones).
+    error : Exception or None
+        The error a callback raised, which ended training.
+    """
+
+    n_iter: int
+    history: dict
+    interrupted: bool = False
+    stopped: bool = False
+    best_step: int | None = None
+    failed_at: int | None = None
+    training_state: TrainingState | None = None
+    error: Exception | None = None
+
+
+class _CallbackError(Exception):
+    """Carries an error raised by a callback out of the loop."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
+
+
+def train(models, batches, configs, runner, members):
+    """Train ``models`` in place, model ``k`` with ``configs[k]``'s loss weights.
+
+    Parameters
+    ----------
+    models : list of AssociationModel
+        On the runner's device.
+    batches : DeviceBatches or HostBatches
+    configs : list of TrainingConfig
+        One per model; they differ only in their loss weights.
+    runner : DeviceRunner
+        Entered by the caller.
+    members : list of Member
+        One per model: its estimator, callbacks and where it starts.
+
+    Returns
+    -------
+    results : list of TrainingResult
+
+    Raises
+    ------
+    KeyboardInterrupt
+        If interrupted before the first step of this fit completed (nothing
+        was learned). An interrupt after that ends training early instead
+        (``TrainingResult.interrupted``); the caller keeps the models and
+        raises the interrupt again.
+    Exception
+        Whatever a callback's ``on_fit_begin`` raises (nothing trained yet).
+    """
+    config = configs[0]
+    start = members[0].state.n_iter if members[0].state is not None else 0
+    for model in models:
+        model.train()
+    optimization = Optimization(
+        parameter_groups(models, config),
+        config,
+        runner.device,
+        runner.uses_graph,
+        start,
+    )
+    step = AssociationStep(models, batches, configs, runner, optimization)
+    restore_states(step, [member.state for member in members])
+    return _Loop(step, config, members, start).run()
+
+
+class _Loop:
+    def __init__(self, step, config, members, start):
+        self.step, self.config, self.members = step, config, members
+        self.start = self.completed = start
+        self.logged_until = [start] * len(members)
+        self.live = list(range(len(members)))
+        self.frozen, self.failed = {}, {}
+        self.error, self.interrupted = None, False
+        self.final_states = None
+        self.runs = [self._run_of(k, member) for k, member in enumerate(members)]
+
+    def _run_of(self, k, member):
+        hooks = {
+            "fitted_weights": lambda: self.fitted_weights(k),
+            "training_state": lambda: self._state_now(k),
+        }
+        if member.snapshot is not None:
+            hooks["snapshot"] = member.snapshot
+        history = {name: list(values) for name, values in member.history.items()}
+        run = TrainingRun(
+            member.estimator, self.step.models[k], self.config.max_iter, history, hooks
+        )
+        run.step = self.start
+        run.loss_names = self.step.loss_names
+        run.best_step = None
+        run.failed = False
+        return run
+
+    def _state_now(self, k):
+        """Model ``k``'s training state: captured now, or at the end of
+        training once the models hold their fitted (averaged) weights."""
+        if self.final_states is not None:
+            return self.final_states.get(k)
+        return capture_state(self.step, k, self.completed)
+
+    def fitted_weights(self, k):
+        """Model ``k`` holds its moving average until the context ends."""
+        average = self.step.average
+        if average is None:
+            return contextlib.nullcontext()
+        return average.swapped_in(*self.step.param_ranges[k])
+
+    def run(self):
+        for k in self.live:
+            call_hook(self.members[k].callbacks, "on_fit_begin", self.runs[k])
+        try:
+            self._steps()
+        except KeyboardInterrupt:
+            self.step.runner.synchronize()
+            if self.completed == self.start:
+                self._end_callbacks()
+                raise
+            self.interrupted = True
+            # The losses of the steps that did complete are still worth
+            # keeping.
+            self._log(call_callbacks=False)
+        except _CallbackError as wrapped:
+            self.error, self.interrupted = wrapped.error, True
+        return self._finish()
+
+    def _steps(self):
+        runner, optimization = self.step.runner, self.step.optimization
+        while self.completed < self.config.max_iter and self.live:
+            runner.run(self.step)
+            self.completed += 1
+            if self._is_log_point():
+                self._log()
+            optimization.next_rate()
+
+    def _is_log_point(self):
+        completed, config = self.completed, self.config
+        return (
+            completed % config.log_interval == 0
+            or completed == config.max_iter
+            or (
+                config.validation_interval is not None
+                and completed % config.validation_interval == 0
+            )
+        )
+
+    def _log(self, call_callbacks=True):
+        """Read the loss sums back and call every live model's ``on_log``."""
+        pending = [k for k in self.live if self.logged_until[k] < self.completed]
+        if not pending:
+            return
+        step = self.step
+        sums = step.loss_sum.tolist()
+        first_bad = step.first_nonfinite_step.tolist()
+        learning_rate = step.optimization.learning_rate
+        for k in pending:
+            if first_bad[k] >= 0:
+                self.failed[k] = int(first_bad[k]) + 1
+                self.live.remove(k)
+                continue
+            run = self.runs[k]
+            n_steps = self.completed - self.logged_until[k]
+            run.step, run.learning_rate = self.completed, learning_rate
+            run.losses = {
+                name: value / n_steps
+                for name, value in zip(step.loss_names, sums[k], strict=True)
+            }
+            self._record(k, run)
+            if call_callbacks:
+                try:
+                    call_hook(self.members[k].callbacks[1:], "on_log", run)
+                except Exception as exc:
+                    raise _CallbackError(exc) from exc
+                if run.stop_requested:
+                    self._stop(k)
+
+    def _record(self, k, run):
+        """Add the history's entry and reset model ``k``'s sums: both or neither.
+
+        The history is the first callback. An interrupt between the two
+        would have the handler in :meth:`run` record these steps again (or
+        record zeros), so an error takes the entry back.
+        """
+        history, previous = run.history, self.logged_until[k]
+        lengths = {name: len(values) for name, values in history.items()}
+        try:
+            self.members[k].callbacks[0].on_log(run)
+            self.logged_until[k] = self.completed
+            self.step.loss_sum[k].zero_()
+        except BaseException:
+            for name, length in lengths.items():
+                del history[name][length:]
+            self.logged_until[k] = previous
+            raise
+
+    def _stop(self, k):
+        """Set model ``k`` aside: the others may train on (stacked runs)."""
+        self.live.remove(k)
+        if self.live:
+            # Its weights and state of this step, put back at the end.
+            model = self.step.models[k]
+            with self.fitted_weights(k):
+                weights = [t.detach().clone() for t in model.state_dict().values()]
+            state = capture_state(self.step, k, self.completed)
+            self.frozen[k] = (self.completed, weights, state)
+
+    @torch.no_grad()
+    def _finish(self):
+        step = self.step
+        states = {
+            k: (
+                self.frozen[k][2]
+                if k in self.frozen
+                else capture_state(step, k, self.completed)
+            )
+            for k in range(len(self.members))
+            if k not in self.failed
+        }
+        self.final_states = states
+        if step.average is not None:
+            step.average.copy_to_params()
+        for k, (_, weights, _) in self.frozen.items():
+            model_tensors = step.models[k].state_dict().values()
+            for tensor, saved in zip(model_tensors, weights, strict=True):
+                tensor.copy_(saved)
+        # The last step's gradients are of no use to the fitted models.
+        step.optimization.zero_grad()
+        self._end_callbacks()
+        results = [self._result(k, states.get(k)) for k in range(len(self.members))]
+        for model in step.models:
+            model.eval()
+        return results
+
+    def _end_callbacks(self):
+        for k, run in enumerate(self.runs):
+            run.failed = k in self.failed
+            run.interrupted = self.interrupted
+            if k in self.frozen:
+                run.step = self.frozen[k][0]
+            else:
+                run.step = self.completed
+            try:
+                call_hook(self.members[k].callbacks, "on_fit_end", run)
+            except Exception as exc:
+                # The models are trained: the caller keeps them, then raises.
+                if self.error is None:
+                    self.error = exc
+
+    def _result(self, k, state):
+        run = self.runs[k]
+        if run.best_step is not None:
+            state = None  # the weights are those of an earlier step
+        return TrainingResult(
+            n_iter=run.step,
+            history=run.history,
+            interrupted=run.interrupted,
+            stopped=run.stop_requested,
+            best_step=run.best_step,
+            failed_at=self.failed.get(k),
+            training_state=state,
+            error=self.error,
+        )

@@ -1,0 +1,235 @@
+"""Fit K >= 1 estimators in one engine run and give each its fitted state.
+
+``SemiSupervisedAssociationClassifier.fit`` is K = 1;
+:func:`~skassoc._stacked.fit_candidates` (``StackedGridSearchCV``) passes K
+clones that differ only in their loss weights. Both come here after their
+own checks: the models are built, the batches made, each estimator's
+callbacks gathered, the engine run, and the fitted states set.
+"""
+
+import copy
+import math
+import warnings
+from dataclasses import replace
+
+from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
+
+from ._engine._batches import make_batches
+from ._engine._builtin import History, ProgressBar, Validation
+from ._engine._device import seeded_rng, torch_threads
+from ._engine._loop import Member, train
+from ._engine._runner import DeviceRunner
+from ._fitted import FittedState, set_fitted_state
+from ._params import param_value, varying_params
+from ._prior import uniform_prior
+from ._utils import user_stacklevel
+
+__all__ = ["train_estimators", "continued_run", "warn_if_labels_unlearned"]
+
+
+def continued_run(previous, max_iter):
+    """The training state a warm start continues, or None for a new run.
+
+    A previous fit that stopped before ``max_iter`` steps of its run (a
+    Ctrl-C, a callback's stop, a lower ``max_iter``) is continued to
+    ``max_iter``; one that ran them all (or kept the weights of an earlier
+    step) starts a new run from its weights.
+    """
+    state = getattr(previous, "training_state", None)
+    if state is None or state.n_iter >= max_iter:
+        return None
+    return state
+
+
+def train_estimators(
+    estimators, inputs, settings, *, previous=None, validation=None, loss_weights=None
+):
+    """Train a model for each estimator in one run; set their fitted states.
+
+    Parameters
+    ----------
+    estimators : list of SemiSupervisedAssociationClassifier
+        Validated; they differ at most in their loss weights.
+    inputs : TrainingData
+    settings : FitSettings
+        Resolved for ``estimators[0]``.
+    previous : FittedState, optional
+        The fit a warm start continues from.
+    validation : tuple (X_val, y_val), optional
+        Scored during training (and early stopping's set).
+    loss_weights : ndarray of shape (n_samples,), optional
+        Factors of the samples' classification losses.
+
+    Returns
+    -------
+    results : list of TrainingResult
+        One per estimator. An estimator whose loss became NaN or infinite is
+        left as it was; the others are fitted (also when training was
+        interrupted or a callback raised: the caller raises afterwards).
+    """
+    device = settings.device
+    state = continued_run(previous, settings.training.max_iter)
+    configs = [_config_of(settings.training, est) for est in estimators]
+    with seeded_rng(settings.seed, device), torch_threads(device):
+        # The order of every fit: the model first, then the batches (the
+        # sampler of shuffled epochs takes its seed from the CPU generator).
+        model = estimators[0]._initial_model(inputs, settings, previous)
+        batches = make_batches(inputs, settings, loss_weights)
+        models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
+        members = [
+            _member(est, m, inputs, settings, validation, previous, state, first=k == 0)
+            for k, (est, m) in enumerate(zip(estimators, models, strict=True))
+        ]
+        training = settings.training
+        with DeviceRunner(device, training.precision, training.cuda_graph) as runner:
+            results = train(models, batches, configs, runner, members)
+        # Inside the thread setting: class_prior="auto" predicts on the CPU.
+        for est, m, result in zip(estimators, models, results, strict=True):
+            if result.failed_at is None:
+                _set_state(est, m, result, inputs, settings)
+    return results
+
+
+def _config_of(training, estimator):
+    """``training`` with the loss weights in which ``estimator`` may differ."""
+    weights = dict(training.loss_weights)
+    weights.update({n: float(param_value(estimator, n)) for n in varying_params()})
+    if weights == training.loss_weights:
+        return training
+    return replace(training, loss_weights=weights)
+
+
+def _member(estimator, model, inputs, settings, validation, previous, state, first):
+    """The engine's view of one estimator: its callbacks, built-in first."""
+    training = settings.training
+    callbacks = [History(validation is not None)]
+    if validation is not None:
+        callbacks.append(
+            Validation(
+                estimator._scorer_during_fit(model, validation, inputs, settings),
+                training.validation_interval,
+                training.early_stopping,
+                training.n_iter_no_change,
+                training.tol,
+            )
+        )
+    if training.verbose and first:
+        callbacks.append(ProgressBar(training.verbose))
+    # Copies: the estimator's own callbacks stay as the user made them (a
+    # search clones them per fit anyway).
+    callbacks += list(estimator.callbacks or ())
+
+    def snapshot(run):
+        return _snapshot(estimator, run, inputs, settings)
+
+    history = previous.history if state is not None else {}
+    return Member(estimator, callbacks, snapshot, state, history)
+
+
+def _snapshot(estimator, run, inputs, settings):
+    """A fitted copy of ``estimator`` as if its run ended now (checkpoints)."""
+    with run.fitted_weights():
+        model = copy.deepcopy(run.model)
+    model.eval()
+    fitted = clone(estimator)
+    state = FittedState(
+        model=model,
+        classes=inputs.classes,
+        class_prior=estimator._fitted_class_prior(model, inputs, settings),
+        input_shape=inputs.image_shape,
+        network=settings.spec.network,
+        n_features_in=inputs.n_features,
+        feature_names_in=inputs.feature_names,
+        n_iter=run.step,
+        history=copy.deepcopy(run.history),
+        device=settings.device,
+        training_state=run.training_state(),
+    )
+    set_fitted_state(fitted, state)
+    return fitted
+
+
+def _set_state(estimator, model, result, inputs, settings):
+    """Give ``estimator`` the fitted state of its trained ``model``."""
+    prior_interrupted = False
+    try:
+        class_prior = estimator._fitted_class_prior(model, inputs, settings)
+    except KeyboardInterrupt:
+        # Training has ended: its model is kept, with equal frequencies.
+        class_prior = uniform_prior(len(inputs.classes))
+        prior_interrupted = True
+    set_fitted_state(
+        estimator,
+        FittedState(
+            model=model,
+            classes=inputs.classes,
+            class_prior=class_prior,
+            input_shape=inputs.image_shape,
+            network=settings.spec.network,
+            n_features_in=inputs.n_features,
+            feature_names_in=inputs.feature_names,
+            n_iter=result.n_iter,
+            history=result.history,
+            device=settings.device,
+            training_state=result.training_state,
+        ),
+    )
+    result.prior_interrupted = prior_interrupted
+
+
+def interruption(result, config):
+    """What a fit cut short by a Ctrl-C kept, or None if it was not."""
+    parts = []
+    if result.interrupted and result.error is None:
+        kept = (
+            f"the best-scoring weights (step {result.best_step})"
+            if result.best_step is not None
+            else "the weights of the last completed step"
+        )
+        parts.append(
+            f"Training was interrupted after {result.n_iter} of "
+            f"{config.max_iter} steps; the estimator is fitted with {kept}. "
+            "Fit again with warm_start=True to continue its run."
+        )
+    if getattr(result, "prior_interrupted", False):
+        parts.append(
+            "Interrupted while estimating the class frequencies "
+            "(class_prior='auto') after training; the estimator is fitted with "
+            "the trained weights and predicts with equal class frequencies. "
+            "Fit again, or set class_prior."
+        )
+    return " ".join(parts) if parts else None
+
+
+#: A fit of at least this many steps whose classification loss on the
+#: labeled batch ends above this share of ln(n_classes) gets a warning.
+UNLEARNED_MIN_STEPS = 100
+UNLEARNED_LOSS_SHARE = 0.9
+
+
+def warn_if_labels_unlearned(result, n_classes, config):
+    """Warn when a fit ends predicting its labeled batch no better than a guess.
+
+    The labeled batch holds as many samples of every class, so a network
+    whose predictions do not depend on its input (a fit that diverged into
+    one class, say) has a classification loss of at least ln(n_classes)
+    there. Short fits, fits without the loss and fits that kept their
+    best-scoring weights are not checked.
+    """
+    losses = result.history.get("logit") or [math.nan]
+    skip = result.n_iter < UNLEARNED_MIN_STEPS or result.best_step is not None
+    if skip or config.loss_weights["logit_weight"] == 0 or n_classes < 2:
+        return
+    guess = math.log(n_classes)
+    if losses[-1] >= UNLEARNED_LOSS_SHARE * guess:
+        warnings.warn(
+            f"The classification loss of the labeled samples ended at "
+            f"{losses[-1]:.3f}, no lower than a constant guess among {n_classes} "
+            f"classes ({guess:.3f}): the model predicts its own labels no better "
+            "than chance. Training that diverged into predicting one class ends "
+            "this way (lower learning_rate or lengthen lr_warmup_steps, and fit "
+            "again), as do inputs that do not tell the classes apart.",
+            ConvergenceWarning,
+            stacklevel=user_stacklevel(),
+        )

@@ -1,0 +1,209 @@
+"""Loss-weight candidates trained together: the engine with K models.
+
+Candidates that differ only in their loss weights share everything else: the
+network, the initial weights (one ``random_state``), and every batch and
+augmentation the step draws. :func:`fit_candidates` trains them in one run
+of the engine (``skassoc._engine``), which a single fit runs with one model:
+each candidate follows the path its separate fit with the same
+``random_state`` follows, up to the order of float operations, and every
+setting of a single fit applies to each candidate (early stopping stops
+each one on its own, a callback sees its own candidate's run).
+
+On a GPU each candidate computes on a CUDA stream of its own, inside one
+captured graph, so the GPU runs the candidates side by side; measured in
+``benchmarks/bench_search.py``.
+"""
+
+import warnings
+
+from sklearn.base import clone
+
+from ._engine._loop import NonFiniteLossError
+from ._fit import train_estimators
+from ._fitted import get_fitted_state, is_fitted
+from ._inputs import (
+    classification_weights,
+    hold_out_validation,
+    validate_training_inputs,
+)
+from ._params import param_value, varying_params
+from ._settings import (
+    embeds_feature_vectors,
+    fit_seed,
+    resolve_consistency_weight,
+    resolve_fit_settings,
+)
+from ._utils import user_stacklevel
+
+__all__ = ["fit_candidates", "check_candidate_params", "STACKINGS"]
+
+#: How the candidates are computed: ``"streams"`` (``"auto"``), each
+#: candidate on a CUDA stream of its own.
+STACKINGS = ("auto", "streams")
+
+
+def check_candidate_params(param_list):
+    """``param_list`` as a list of dicts over loss weights only.
+
+    Raises
+    ------
+    ValueError
+        If it is empty, or a candidate sets another parameter.
+    """
+    param_list = [dict(params) for params in param_list]
+    if not param_list:
+        raise ValueError("param_list holds no candidate; give at least one dict.")
+    varying = varying_params()
+    others = sorted({name for params in param_list for name in params} - set(varying))
+    if others:
+        raise ValueError(
+            f"Stacked candidates may differ only in their loss weights "
+            f"{list(varying)}; these parameters differ too: {others}. Set "
+            "them on the estimator, or search them with "
+            "sklearn.model_selection.GridSearchCV."
+        )
+    return param_list
+
+
+def _check_same_consistency(candidates, inputs, settings):
+    """Refuse candidates whose ``consistency_weight="auto"`` resolves apart.
+
+    The loss draws a second augmented copy of the batch, so candidates with
+    and without it cannot share the batches of their separate fits.
+    """
+    feature_vectors = embeds_feature_vectors(inputs, settings.spec)
+    weights = {
+        resolve_consistency_weight(c, settings.training.augmentation, feature_vectors)
+        for c in candidates
+    }
+    if len(weights) > 1:
+        raise ValueError(
+            "The candidates' consistency_weight='auto' resolves to different "
+            f"weights {sorted(weights)} (0 where both walker_weight and "
+            "visit_weight are 0). Set consistency_weight on the estimator, or "
+            "leave the all-zero pair out of the grid."
+        )
+
+
+def fit_candidates(
+    estimator, param_list, X, y, *, stacking="auto", raise_on_failure=False
+):
+    """Fit one clone of ``estimator`` per parameter set, all in one training run.
+
+    Every candidate gets the initial weights and the batches that a separate
+    ``fit`` with the estimator's ``random_state`` gets, so its model is that
+    fit's model up to the rounding of float operations (on a CPU, predicted
+    probabilities agree to about 1e-5). Training K candidates together costs
+    far less than K fits on a GPU, whose single fit leaves it mostly idle.
+
+    Parameters
+    ----------
+    estimator : SemiSupervisedAssociationClassifier
+        Gives every parameter the candidates share; it is not changed. With
+        ``warm_start=True`` and fitted, every candidate continues from its
+        model (and its run, see ``warm_start``).
+    param_list : sequence of dict
+        One dict per candidate, of loss weights only (``walker_weight``,
+        ``visit_weight``, ``logit_weight``).
+    X, y
+        As for :meth:`SemiSupervisedAssociationClassifier.fit` (``-1`` marks
+        unlabeled samples).
+    stacking : {"auto", "streams"}, default="auto"
+        How the candidates are computed (see the module's docstring).
+    raise_on_failure : bool, default=False
+        Raise if a candidate's loss becomes NaN or infinite, instead of
+        leaving it unfitted.
+
+    Returns
+    -------
+    estimators : list of SemiSupervisedAssociationClassifier
+        Fitted clones, in the order of ``param_list``. A candidate whose
+        loss became NaN or infinite is left unfitted (with a warning); the
+        others are fitted. Every ``history_`` holds the loss terms that any
+        candidate turns on: a candidate that weighs one at 0 records it too.
+
+    Raises
+    ------
+    ValueError
+        If a candidate sets another parameter than a loss weight.
+    NonFiniteLossError
+        With ``raise_on_failure``, if a candidate's loss became NaN or
+        infinite; no candidate is then fitted.
+    KeyboardInterrupt
+        On a Ctrl-C; the candidates keep the model of the steps completed
+        and the search stops.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import make_blobs
+    >>> from skassoc import SemiSupervisedAssociationClassifier
+    >>> from skassoc._stacked import fit_candidates
+    >>> X, y = make_blobs(60, centers=2, random_state=0)
+    >>> y[10:] = -1
+    >>> clf = SemiSupervisedAssociationClassifier(
+    ...     max_iter=20, device="cpu", random_state=0)
+    >>> grid = [{"visit_weight": 0.5}, {"visit_weight": 1.0}]
+    >>> fitted = fit_candidates(clf, grid, X, y)
+    >>> [est.visit_weight for est in fitted], fitted[0].predict(X[:2]).shape
+    ([0.5, 1.0], (2,))
+    """
+    param_list = check_candidate_params(param_list)
+    if stacking not in STACKINGS:
+        raise ValueError(f"stacking must be one of {STACKINGS}; got {stacking!r}.")
+    candidates = [clone(estimator).set_params(**params) for params in param_list]
+    for candidate in candidates:
+        candidate._validate_params()
+    inputs = validate_training_inputs(candidates[0], X, y)
+    # One seed for all: with a RandomState instance (or None) every
+    # resolution would draw another seed, and the candidates must share one.
+    seed = fit_seed(estimator.random_state)
+    validation = None
+    if estimator.early_stopping:
+        inputs, validation = hold_out_validation(
+            inputs, estimator.validation_fraction, seed
+        )
+    previous = None
+    if estimator.warm_start and is_fitted(estimator):
+        previous = get_fitted_state(estimator)
+    settings = resolve_fit_settings(candidates[0], inputs, previous, seed)
+    _check_same_consistency(candidates, inputs, settings)
+    results = train_estimators(
+        candidates,
+        inputs,
+        settings,
+        previous=previous,
+        validation=validation,
+        loss_weights=classification_weights(estimator.class_weight, inputs),
+    )
+    failed = {k for k, result in enumerate(results) if result.failed_at is not None}
+    if failed and raise_on_failure:
+        # The candidates are this function's own: none reaches the caller.
+        raise NonFiniteLossError(_failure_message(candidates, failed))
+    if failed:
+        warnings.warn(
+            _failure_message(candidates, failed, "they are left unfitted"),
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+    if results[0].error is not None:
+        raise results[0].error
+    if results[0].interrupted:
+        # A search must stop rather than score candidates cut short.
+        raise KeyboardInterrupt(
+            f"Stacked training was interrupted after {results[0].n_iter} of "
+            f"{settings.training.max_iter} steps."
+        )
+    return candidates
+
+
+def _failure_message(candidates, failed, outcome=None):
+    """Which candidates' loss became NaN or infinite, and what to do."""
+    names = [
+        {n: param_value(candidates[i], n) for n in varying_params()}
+        for i in sorted(failed)
+    ]
+    outcome = f"; {outcome}" if outcome else ""
+    return (
+        f"The training loss of {len(failed)} candidate(s) became NaN or "
+        f"infinite ({names}){outcome}. Lower learning_rate or rescale X."
+    )
