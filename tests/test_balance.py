@@ -23,7 +23,10 @@ def test_balance_weight_is_saved(fast_params, blobs_semi, tmp_path):
     clf = SemiSupervisedAssociationClassifier(**fast_params, balance_weight=2.0)
     clf.fit(X, y)
     clf.save(tmp_path / "m.skassoc")
-    loaded = SemiSupervisedAssociationClassifier.load(tmp_path / "m.skassoc")
+    # On the CPU, where it was fitted ("auto" would pick a GPU where there is one).
+    loaded = SemiSupervisedAssociationClassifier.load(
+        tmp_path / "m.skassoc", device="cpu"
+    )
     assert loaded.balance_weight == 2.0
     np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
 

@@ -146,8 +146,11 @@ def _restore_model(step, k, state):
                 dtype=torch.float32,
                 device=param.device if on_device else "cpu",
             ),
-            "exp_avg": state.exp_avg[name].to(param, copy=True),
-            "exp_avg_sq": state.exp_avg_sq[name].to(param, copy=True),
+            # Copies in the parameter's layout: fused Adam needs the moments
+            # to match it (channels-last convolution weights), and the
+            # state's tensors must stay as they are.
+            "exp_avg": torch.empty_like(param).copy_(state.exp_avg[name]),
+            "exp_avg_sq": torch.empty_like(param).copy_(state.exp_avg_sq[name]),
         }
     class_mass = step.losses[k].frequencies.class_mass
     if class_mass is not None and state.class_mass is not None:
