@@ -232,18 +232,11 @@ def test_fitted_estimators_with_callbacks_pickle(fast_params, blobs_semi):
     assert restored.training_state_.n_iter == 20
 
 
-def test_halving_over_max_iter_continues_each_candidates_run(
-    fast_params, blobs_semi, tmp_path, monkeypatch
-):
-    """With a RunStore, each round trains only the steps it adds; with a
-    schedule independent of max_iter the search finds what it finds without."""
-    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
-    from sklearn.model_selection import HalvingGridSearchCV
-
+@pytest.fixture
+def counted_steps(monkeypatch):
+    """A list that gets an item for every training step run."""
     import skassoc._engine._step
-    from skassoc.model_selection import RunStore, SemiSupervisedStratifiedKFold
 
-    X, y = blobs_semi
     original = skassoc._engine._step.AssociationStep.__call__
     steps = []
 
@@ -252,6 +245,21 @@ def test_halving_over_max_iter_continues_each_candidates_run(
         return original(self)
 
     monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", counting)
+    return steps
+
+
+def test_halving_over_max_iter_continues_each_candidates_run(
+    fast_params, blobs_semi, tmp_path, counted_steps
+):
+    """With a RunStore, each round trains only the steps it adds; with a
+    schedule independent of max_iter the search finds what it finds without."""
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import HalvingGridSearchCV
+
+    from skassoc.model_selection import RunStore, SemiSupervisedStratifiedKFold
+
+    X, y = blobs_semi
+    steps = counted_steps
     grid = {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]}
     outcomes = []
     for store in (None, RunStore(tmp_path / "runs")):
@@ -277,19 +285,11 @@ def test_halving_over_max_iter_continues_each_candidates_run(
 
 
 def test_a_run_store_continues_only_the_same_parameters_on_the_same_data(
-    fast_params, blobs_semi, tmp_path, monkeypatch
+    fast_params, blobs_semi, tmp_path, counted_steps
 ):
-    import skassoc._engine._step
     from skassoc.model_selection import RunStore
 
-    original = skassoc._engine._step.AssociationStep.__call__
-    steps = []
-
-    def counting(self):
-        steps.append(1)
-        return original(self)
-
-    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", counting)
+    steps = counted_steps
     X, y = blobs_semi
     store = RunStore(tmp_path)
     params = {**fast_params, "max_iter": 20, "resume_from": store}

@@ -24,7 +24,13 @@ from .._engine._state import TrainingState
 from ._format import TRAINING_STATE_MEMBER, InvalidModelFile
 from ._limits import MAX_STEPS, MAX_TRAINING_ROWS, float_in, int_in
 from ._metadata import check_checksum
-from ._weights import meta_model, read_weights, safetensors_header, shortened
+from ._weights import (
+    meta_model,
+    mismatch_details,
+    read_weights,
+    safetensors_header,
+    shortened,
+)
 
 __all__ = [
     "CPU_RNG_BYTES",
@@ -265,25 +271,9 @@ def _order_entry(declared, position):
 
 
 def _mismatch(expected, present):
-    missing = sorted(set(expected) - set(present))
-    extra = sorted(set(present) - set(expected))
-    differ = sorted(
-        k for k in set(expected) & set(present) if expected[k] != present[k]
-    )
-    details = []
-    if missing:
-        details.append(f"missing {shortened(missing[:3])}")
-    if extra:
-        details.append(f"unexpected {shortened(extra[:3])}")
-    if differ:
-        key = differ[0]
-        details.append(
-            f"{key[:60]} is {shortened(present[key][0])} {present[key][1]}, "
-            f"expected {expected[key][0]} {expected[key][1]}"
-        )
     return (
         f"its training state ({TRAINING_STATE_MEMBER}) does not fit the network "
-        "it describes: " + "; ".join(details)
+        "it describes: " + mismatch_details(expected, present)
     )
 
 

@@ -182,6 +182,14 @@ def check_weights_fit(expected, present):
 
 
 def _mismatch(expected, present):
+    return "its weights do not fit the network it describes: " + mismatch_details(
+        expected, present
+    )
+
+
+def mismatch_details(expected, present):
+    """What differs between two ``{name: (shape, dtype)}`` tables, for a message:
+    the first names missing or unexpected and the first that differs."""
     missing = sorted(set(expected) - set(present))
     extra = sorted(set(present) - set(expected))
     differ = sorted(
@@ -189,7 +197,7 @@ def _mismatch(expected, present):
     )
     details = []
     if missing:
-        details.append(f"missing {missing[:3]}")
+        details.append(f"missing {shortened(missing[:3])}")
     if extra:
         details.append(f"unexpected {shortened(extra[:3])}")
     if differ:
@@ -198,7 +206,7 @@ def _mismatch(expected, present):
             f"{key[:60]} is {shortened(present[key][0])} {present[key][1]}, the "
             f"network needs {expected[key][0]} {expected[key][1]}"
         )
-    return "its weights do not fit the network it describes: " + "; ".join(details)
+    return "; ".join(details)
 
 
 def shortened(value, limit=80):

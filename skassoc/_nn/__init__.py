@@ -1,0 +1,1 @@
+"""The embedding networks, their registry and the model that wraps them."""
