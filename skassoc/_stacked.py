@@ -86,7 +86,14 @@ def _check_same_consistency(candidates, inputs, settings):
 
 
 def fit_candidates(
-    estimator, param_list, X, y, *, stacking="auto", raise_on_failure=False
+    estimator,
+    param_list,
+    X,
+    y,
+    *,
+    sample_weight=None,
+    stacking="auto",
+    raise_on_failure=False,
 ):
     """Fit one clone of ``estimator`` per parameter set, all in one training run.
 
@@ -108,6 +115,8 @@ def fit_candidates(
     X, y
         As for :meth:`SemiSupervisedAssociationClassifier.fit` (``-1`` marks
         unlabeled samples).
+    sample_weight : array-like of shape (n_samples,), default=None
+        As for :meth:`SemiSupervisedAssociationClassifier.fit`.
     stacking : {"auto", "streams"}, default="auto"
         How the candidates are computed (see the module's docstring).
     raise_on_failure : bool, default=False
@@ -153,7 +162,7 @@ def fit_candidates(
     candidates = [clone(estimator).set_params(**params) for params in param_list]
     for candidate in candidates:
         candidate._validate_params()
-    inputs = validate_training_inputs(candidates[0], X, y)
+    inputs = validate_training_inputs(candidates[0], X, y, sample_weight)
     # One seed for all: with a RandomState instance (or None) every
     # resolution would draw another seed, and the candidates must share one.
     seed = fit_seed(estimator.random_state)

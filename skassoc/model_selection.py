@@ -560,7 +560,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
 
     # The estimator validates its own parameters when it fits.
     @_fit_context(prefer_skip_nested_validation=False)
-    def fit(self, X, y):
+    def fit(self, X, y, sample_weight=None):
         """Score every candidate on every fold, then refit the best one.
 
         Parameters
@@ -569,6 +569,10 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
             Training inputs, as for the estimator's ``fit``.
         y : array-like of shape (n_samples,)
             Labels, ``-1`` for unlabeled samples.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples in the classification loss, cut into
+            folds with ``X`` (and passed whole to the refit); the scores are
+            not weighted.
 
         Returns
         -------
@@ -587,7 +591,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
                 "StackedGridSearchCV scores one metric; pass one name or scorer."
             )
         candidates = check_candidate_params(ParameterGrid(self.param_grid))
-        X, y = indexable(X, y)
+        X, y, sample_weight = indexable(X, y, sample_weight)
         cv = SemiSupervisedStratifiedKFold() if self.cv is None else self.cv
         if isinstance(cv, numbers.Integral):
             cv = SemiSupervisedStratifiedKFold(cv)
@@ -601,6 +605,11 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
                 candidates,
                 _safe_indexing(X, train),
                 _safe_indexing(y, train),
+                sample_weight=(
+                    None
+                    if sample_weight is None
+                    else _safe_indexing(sample_weight, train)
+                ),
                 stacking=self.stacking,
                 raise_on_failure=self.error_score == "raise",
             )
@@ -617,7 +626,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         self._set_results(candidates, np.asarray(scores, dtype=float), times)
         if self.refit:
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_)
-            self.best_estimator_.fit(X, y)
+            self.best_estimator_.fit(X, y, sample_weight=sample_weight)
         return self
 
     def _set_results(self, candidates, scores, times):

@@ -161,6 +161,34 @@ def test_stacked_candidates_continue_a_fitted_estimators_run(blobs, fast_params)
     assert estimator.n_iter_ == 20  # the estimator itself is not changed
 
 
+# GridSearchCV warns that the scorer does not weigh its scores; neither
+# search does (the weights are the training loss's).
+@pytest.mark.filterwarnings("ignore:The scoring labeled_scorer:UserWarning")
+def test_search_with_sample_weight_matches_grid_search(blobs, fast_params):
+    X, y = blobs
+    weights = np.random.RandomState(0).uniform(0.2, 2.0, len(y))
+    estimator = SemiSupervisedAssociationClassifier(
+        **{**fast_params, "labeled_per_class": 2}
+    )
+    cv = SemiSupervisedStratifiedKFold(2)
+    grid = {"visit_weight": [0.5, 1.0]}
+    stacked = StackedGridSearchCV(estimator, grid, cv=cv).fit(
+        X, y, sample_weight=weights
+    )
+    reference = GridSearchCV(estimator, grid, cv=cv, scoring=labeled_scorer())
+    reference.fit(X, y, sample_weight=weights)
+    np.testing.assert_allclose(
+        stacked.cv_results_["mean_test_score"],
+        reference.cv_results_["mean_test_score"],
+        atol=1e-6,
+    )
+    unweighted = StackedGridSearchCV(estimator, grid, cv=cv).fit(X, y)
+    assert not np.allclose(
+        stacked.best_estimator_.predict_proba(X),
+        unweighted.best_estimator_.predict_proba(X),
+    )
+
+
 def test_search_matches_grid_search(blobs, fast_params):
     X, y = blobs
     estimator = SemiSupervisedAssociationClassifier(**fast_params)
