@@ -38,6 +38,7 @@ from sklearn.model_selection import (
 from sklearn.utils import _safe_indexing, indexable
 from sklearn.utils._param_validation import HasMethods, StrOptions
 from sklearn.utils.metadata_routing import MetadataRequest
+from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import _num_samples, column_or_1d
 
 from ._fitted import is_fitted
@@ -465,6 +466,30 @@ def labeled_scorer(scoring=None):
     return _LabeledScorer(check_scoring(scoring=scoring), scoring)
 
 
+def _fit_and_score_fold(search, candidates, X, y, sample_weight, train, test):
+    """Fit a fold's candidates together; their test scores and the fit time
+    a candidate (the fold's stacked fit divided among them)."""
+    started = time.perf_counter()
+    fitted = fit_candidates(
+        search.estimator,
+        candidates,
+        _safe_indexing(X, train),
+        _safe_indexing(y, train),
+        sample_weight=(
+            None if sample_weight is None else _safe_indexing(sample_weight, train)
+        ),
+        stacking=search.stacking,
+        raise_on_failure=search.error_score == "raise",
+    )
+    seconds = (time.perf_counter() - started) / len(candidates)
+    X_test, y_test = _safe_indexing(X, test), _safe_indexing(y, test)
+    scores = [
+        search.scorer_(est, X_test, y_test) if is_fitted(est) else search.error_score
+        for est in fitted
+    ]
+    return scores, seconds
+
+
 class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     """Grid search over loss weights, the candidates of a fold trained together.
 
@@ -498,6 +523,12 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     stacking : {"auto", "streams"}, default="auto"
         How the candidates are computed: each on a CUDA stream of its own
         (``"streams"``, which ``"auto"`` is) inside one captured graph.
+    n_jobs : int, default=None
+        Folds trained at once, each fold's candidates together, through
+        :class:`joblib.Parallel` (None: one, unless in a
+        :func:`joblib.parallel_backend` context). Under joblib's Dask
+        backend with one worker per GPU, each worker trains a fold's
+        candidates on its GPU (see the user guide's "Several GPUs").
 
     Attributes
     ----------
@@ -537,6 +568,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         "refit": ["boolean"],
         "error_score": [StrOptions({"raise"}), numbers.Real],
         "stacking": [StrOptions(set(STACKINGS))],
+        "n_jobs": [numbers.Integral, None],
     }
 
     def __init__(
@@ -549,6 +581,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         refit=True,
         error_score=np.nan,
         stacking="auto",
+        n_jobs=None,
     ):
         self.estimator = estimator
         self.param_grid = param_grid
@@ -557,6 +590,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.refit = refit
         self.error_score = error_score
         self.stacking = stacking
+        self.n_jobs = n_jobs
 
     # The estimator validates its own parameters when it fits.
     @_fit_context(prefer_skip_nested_validation=False)
@@ -597,32 +631,16 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
             cv = SemiSupervisedStratifiedKFold(cv)
         cv = check_cv(cv, y, classifier=True)
         self.scorer_ = labeled_scorer(self.scoring)
-        scores, times = [], []
-        for train, test in cv.split(X, y):
-            started = time.perf_counter()
-            fitted = fit_candidates(
-                self.estimator,
-                candidates,
-                _safe_indexing(X, train),
-                _safe_indexing(y, train),
-                sample_weight=(
-                    None
-                    if sample_weight is None
-                    else _safe_indexing(sample_weight, train)
-                ),
-                stacking=self.stacking,
-                raise_on_failure=self.error_score == "raise",
+        # One task a fold, each training the fold's candidates together: under
+        # joblib's Dask backend every worker (one a GPU) trains a fold's group.
+        folds = Parallel(n_jobs=self.n_jobs)(
+            delayed(_fit_and_score_fold)(
+                self, candidates, X, y, sample_weight, train, test
             )
-            times.append((time.perf_counter() - started) / len(candidates))
-            X_test, y_test = _safe_indexing(X, test), _safe_indexing(y, test)
-            scores.append(
-                [
-                    self.scorer_(est, X_test, y_test)
-                    if is_fitted(est)
-                    else self.error_score
-                    for est in fitted
-                ]
-            )
+            for train, test in cv.split(X, y)
+        )
+        scores = [fold_scores for fold_scores, _ in folds]
+        times = [seconds for _, seconds in folds]
         self._set_results(candidates, np.asarray(scores, dtype=float), times)
         if self.refit:
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_)

@@ -91,3 +91,31 @@ def test_grid_search_spreads_over_the_gpus(gpu_client):
     ).astype(int)
     assert set(gpus.tolist()) == set(range(N_GPUS))
     assert search.cv_results_["mean_test_accuracy"].max() > 0.8
+
+
+def test_stacked_search_trains_each_folds_group_on_a_worker(gpu_client):
+    """StackedGridSearchCV hands each fold's stacked candidates to joblib:
+    under the Dask backend, the folds train on the workers' GPUs."""
+    from skassoc.model_selection import (
+        SemiSupervisedStratifiedKFold,
+        StackedGridSearchCV,
+    )
+
+    X, y = load_digits(return_X_y=True)
+    X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    y_semi = np.where(np.arange(len(y)) % 5 == 0, y, -1)
+    estimator = SemiSupervisedAssociationClassifier(
+        max_iter=300, device="cuda", random_state=0, labeled_per_class=5
+    )
+    grid = {"visit_weight": [0.5, 1.0], "walker_weight": [0.5, 1.0]}
+    cv = SemiSupervisedStratifiedKFold(N_GPUS)
+    local = StackedGridSearchCV(estimator, grid, cv=cv, refit=False).fit(X, y_semi)
+    with joblib.parallel_backend("dask"):
+        spread = StackedGridSearchCV(estimator, grid, cv=cv, refit=False, n_jobs=-1)
+        spread.fit(X, y_semi)
+    # Other GPUs round differently: the same scores within a few samples.
+    np.testing.assert_allclose(
+        spread.cv_results_["mean_test_score"],
+        local.cv_results_["mean_test_score"],
+        atol=0.02,
+    )

@@ -189,6 +189,20 @@ def test_search_with_sample_weight_matches_grid_search(blobs, fast_params):
     )
 
 
+def test_folds_in_parallel_score_as_one_after_another(blobs, fast_params):
+    """Each fold's stacked group is one joblib task (a Dask worker's, say)."""
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    cv = SemiSupervisedStratifiedKFold(3)
+    serial = StackedGridSearchCV(estimator, GRID, cv=cv, refit=False).fit(X, y)
+    parallel = StackedGridSearchCV(estimator, GRID, cv=cv, refit=False, n_jobs=2)
+    parallel.fit(X, y)
+    for key in ("split0_test_score", "split2_test_score", "mean_test_score"):
+        np.testing.assert_array_equal(
+            parallel.cv_results_[key], serial.cv_results_[key]
+        )
+
+
 def test_search_matches_grid_search(blobs, fast_params):
     X, y = blobs
     estimator = SemiSupervisedAssociationClassifier(**fast_params)
