@@ -119,3 +119,14 @@ def test_stacked_search_trains_each_folds_group_on_a_worker(gpu_client):
         local.cv_results_["mean_test_score"],
         atol=0.02,
     )
+
+    def gpu_of_fold(estimator, X, y):
+        # Scored where the fold trained: the worker's one GPU.
+        return int(os.environ.get("CUDA_VISIBLE_DEVICES", "-1"))
+
+    with joblib.parallel_backend("dask"):
+        where = StackedGridSearchCV(
+            estimator, grid, cv=cv, refit=False, n_jobs=-1, scoring=gpu_of_fold
+        ).fit(X, y_semi)
+    gpus = {int(where.cv_results_[f"split{k}_test_score"][0]) for k in range(N_GPUS)}
+    assert len(gpus) > 1, gpus
