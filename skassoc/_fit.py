@@ -12,6 +12,8 @@ import math
 import warnings
 from dataclasses import replace
 
+import joblib
+import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
@@ -19,7 +21,12 @@ from ._engine._batches import make_batches
 from ._engine._builtin import History, ProgressBar, Validation
 from ._engine._device import seeded_rng, torch_threads
 from ._engine._loop import Member, train
-from ._engine._runner import DeviceRunner
+from ._engine._runner import (
+    DeviceRunner,
+    agreed_seed,
+    check_same_data,
+    training_group,
+)
 from ._fitted import FittedState, set_fitted_state
 from ._params import param_value, varying_params
 from ._prior import uniform_prior
@@ -69,6 +76,12 @@ def train_estimators(
         interrupted or a callback raised: the caller raises afterwards).
     """
     device = settings.device
+    # Several processes train one model data-parallel; stacked candidates
+    # train in each process on its own.
+    group = training_group(device) if len(estimators) == 1 else None
+    if group is not None:
+        check_same_data(_data_summary(inputs), group)
+        settings = replace(settings, seed=agreed_seed(settings.seed, group))
     state = continued_run(previous, settings.training.max_iter)
     configs = [_config_of(settings.training, est) for est in estimators]
     with seeded_rng(settings.seed, device), torch_threads(device):
@@ -82,13 +95,31 @@ def train_estimators(
             for k, (est, m) in enumerate(zip(estimators, models, strict=True))
         ]
         training = settings.training
-        with DeviceRunner(device, training.precision, training.cuda_graph) as runner:
+        runner = DeviceRunner(
+            device, training.precision, training.cuda_graph, group=group
+        )
+        with runner:
+            runner.broadcast_parameters(model)
             results = train(models, batches, configs, runner, members)
         # Inside the thread setting: class_prior="auto" predicts on the CPU.
         for est, m, result in zip(estimators, models, results, strict=True):
             if result.failed_at is None:
                 _set_state(est, m, result, inputs, settings)
     return results
+
+
+def _data_summary(inputs):
+    """What processes compare to check that they train on the same data:
+    the shape, the labels and a few rows (hashing all of ``X`` would read a
+    memory map whole)."""
+    data = inputs.data
+    rows = np.linspace(0, len(data) - 1, num=min(len(data), 64)).astype(int)
+    return (
+        tuple(data.shape),
+        joblib.hash(inputs.encoded),
+        joblib.hash(np.asarray(data[rows])),
+        joblib.hash(inputs.sample_weight),
+    )
 
 
 def _config_of(training, estimator):

@@ -257,12 +257,33 @@ class _Loop:
             }
             self._record(k, run)
             if call_callbacks:
-                try:
-                    call_hook(self.members[k].callbacks[1:], "on_log", run)
-                except Exception as exc:
-                    raise _CallbackError(exc) from exc
-                if run.stop_requested:
-                    self._stop(k)
+                self._call_on_log(k, run)
+
+    def _call_on_log(self, k, run):
+        """Model ``k``'s callbacks' ``on_log``; then stop it if one asked.
+
+        With several processes, all of them stop when any one's callbacks
+        ask to (or raise): the others would wait for it in the next step.
+        """
+        error = None
+        try:
+            call_hook(self.members[k].callbacks[1:], "on_log", run)
+        except Exception as exc:
+            error = exc
+        runner = self.step.runner
+        if runner.world_size > 1:
+            raised, stop = runner.any_process(error is not None, run.stop_requested)
+            if raised and error is None:
+                error = RuntimeError(
+                    f"Training stopped after step {self.completed}: a callback "
+                    "raised in another process of the group (its error is "
+                    "raised there)."
+                )
+            run.stop_requested = stop
+        if error is not None:
+            raise _CallbackError(error) from error
+        if run.stop_requested:
+            self._stop(k)
 
     def _record(self, k, run):
         """Add the history's entry and reset model ``k``'s sums: both or neither.

@@ -11,6 +11,8 @@ in here.
 import contextlib
 
 import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_functional
 
 from ._device import (
     autocast_context,
@@ -41,11 +43,22 @@ class DeviceRunner:
     cuda_graph : bool
         Capture the step as a CUDA graph after a few eager steps (on a GPU
         only; ignored elsewhere).
+    group : torch.distributed.ProcessGroup, optional
+        Train data-parallel with the other processes of ``group``, each on
+        its own device: every process draws the step's whole batch (the
+        same, from the same seed), embeds its share of the rows, gathers
+        everyone's embeddings (with their gradients) and computes the
+        losses of the whole batch; the gradients are then averaged. Each
+        process thus takes the step one process would take on the whole
+        batch (up to float rounding), for a share of the network's work.
     """
 
-    def __init__(self, device, precision, cuda_graph):
+    def __init__(self, device, precision, cuda_graph, group=None):
         self.device = device
         self.precision = precision
+        self.group = group
+        self.world_size = dist.get_world_size(group) if group is not None else 1
+        self.rank = dist.get_rank(group) if group is not None else 0
         self.uses_graph = bool(cuda_graph) and device.type == "cuda"
         self.lock = cuda_rng_lock(device)
         self._streams = None
@@ -127,7 +140,136 @@ class DeviceRunner:
             step()
         return graph
 
+    # ------------------------------------------------------ several processes
+
+    def rows_of_this_process(self, x):
+        """This process's share of the rows of ``x``, and every share's size.
+
+        Consecutive shares in process order (their sizes differ by one at
+        most), so that :meth:`gather_rows` puts the batch back in order.
+        """
+        sizes = [
+            len(part)
+            for part in torch.tensor_split(torch.empty(len(x)), self.world_size)
+        ]
+        start = sum(sizes[: self.rank])
+        return x[start : start + sizes[self.rank]], sizes
+
+    def gather_rows(self, rows, sizes):
+        """Every process's ``rows`` in process order, gradients flowing back.
+
+        Collectives need equal shapes: shorter shares are padded with zeros
+        and the padding cut off again.
+        """
+        longest = max(sizes)
+        if len(rows) < longest:
+            padding = rows.new_zeros((longest - len(rows), *rows.shape[1:]))
+            rows = torch.cat([rows, padding])
+        parts = dist_functional.all_gather(rows, group=self.group)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
+
+    def average_gradients(self, params):
+        """Average the gradients of ``params`` over the processes, in place.
+
+        Every process computes the losses of the whole batch, so the gather's
+        backward pass sums ``world_size`` equal gradients into each share's
+        embeddings: the mean over the processes is then the gradient of the
+        whole batch, for the embedder (whose shares add up) and for the
+        logit layer (computed whole by every process) alike. One all-reduce
+        of the gradients flattened together.
+        """
+        if self.world_size == 1:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat /= self.world_size
+        torch._foreach_copy_(
+            grads,
+            [
+                part.view_as(g)
+                for part, g in zip(
+                    flat.split([g.numel() for g in grads]), grads, strict=True
+                )
+            ],
+        )
+
+    def broadcast_parameters(self, model):
+        """Give every process the weights and buffers of process 0."""
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                dist.broadcast(
+                    tensor, src=dist.get_global_rank(self.group, 0), group=self.group
+                )
+
+    def any_process(self, *flags):
+        """Whether any process has each of ``flags`` set (a host sync)."""
+        if self.world_size == 1:
+            return list(flags)
+        values = torch.tensor([float(bool(f)) for f in flags], device=self.device)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
+        return [bool(v) for v in values.tolist()]
+
     def synchronize(self):
         """Wait until the device has finished the steps queued so far."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def training_group(device):
+    """The process group a fit on ``device`` trains with; None for one process.
+
+    A fit joins the default group of ``torch.distributed`` when one of
+    several processes is initialized (``torchrun``, or the caller's own
+    ``init_process_group``): NCCL for a GPU fit, gloo for a CPU fit.
+
+    Raises
+    ------
+    ValueError
+        If the group's backend cannot reduce tensors of ``device``.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    if dist.get_world_size() == 1:
+        return None
+    backend = str(dist.get_backend())
+    needed = "nccl" if device.type == "cuda" else "gloo"
+    if needed not in backend:
+        raise ValueError(
+            f"This fit runs on {device}, and torch.distributed's default group "
+            f"(backend {backend!r}) would train it data-parallel with the other "
+            f"{dist.get_world_size() - 1} processes, which needs the {needed!r} "
+            f"backend for {device.type} tensors. Initialize the group with "
+            f"backend={needed!r} (or 'cpu:gloo,cuda:nccl'), or fit on the "
+            "device the backend serves."
+        )
+    return dist.group.WORLD
+
+
+def agreed_seed(seed, group):
+    """Process 0's ``seed``: every process must draw the same batches."""
+    shared = [int(seed)]
+    dist.broadcast_object_list(shared, src=0, group=group)
+    return shared[0]
+
+
+def check_same_data(summary, group):
+    """Refuse processes that were given different training data.
+
+    ``summary`` is a small picklable description of a process's data (its
+    shape and hashes); every process of a data-parallel fit must pass the
+    same ``X`` and ``y``.
+    """
+    summaries = [None] * dist.get_world_size(group)
+    dist.all_gather_object(summaries, summary, group=group)
+    differing = [rank for rank, other in enumerate(summaries) if other != summaries[0]]
+    if differing:
+        raise ValueError(
+            "The processes of this data-parallel fit were given different "
+            f"training data (processes {differing} differ from process 0). "
+            "Under torchrun every process calls fit with the same X and y; "
+            "to fit different data in each process, fit outside the process "
+            "group (torch.distributed.destroy_process_group())."
+        )

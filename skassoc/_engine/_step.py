@@ -241,7 +241,16 @@ class AssociationStep:
         self.optimization.zero_grad()
 
     def embed(self, k, x):
-        """Model ``k``'s embeddings of the formatted batch ``x``.
+        """Model ``k``'s embeddings of the formatted batch ``x``; with several
+        processes, each embeds its share and they gather the rest."""
+        runner = self.runner
+        if runner.world_size == 1:
+            return self._embed_rows(k, x)
+        rows, sizes = runner.rows_of_this_process(x)
+        return runner.gather_rows(self._embed_rows(k, rows), sizes)
+
+    def _embed_rows(self, k, x):
+        """Model ``k``'s embeddings of the rows ``x``.
 
         Above ``config.embedding_chunk_size`` samples, each chunk's
         activations are dropped after its forward pass and recomputed in the
@@ -329,6 +338,7 @@ class AssociationStep:
         x, n_batch = self.formatted_batch()
         self.zero_grad()
         terms = self._all_terms(x, n_batch)
+        self.runner.average_gradients(self.params)
         self.optimization.step()
         if self.average is not None:
             self.average.update()

@@ -1,0 +1,161 @@
+"""One fit over several processes (torch.distributed): 2 gloo processes on CPU.
+
+Each process calls ``fit`` on the same data, as under ``torchrun``; they
+embed a share of every step's batch each, gather the embeddings and average
+the gradients. The test compares them with one process on the whole batch.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_blobs
+
+from skassoc import SemiSupervisedAssociationClassifier
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed is missing"
+)
+
+PARAMS = dict(
+    network="mlp",
+    hidden_layer_sizes=(16,),
+    embedding_dim=8,
+    labeled_per_class=3,
+    # Odd sizes: the processes' shares differ by a row.
+    unlabeled_batch_size=31,
+    learning_rate=0.01,
+    device="cpu",
+    random_state=0,
+)
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np, torch, torch.distributed as dist
+    from sklearn.datasets import make_blobs
+    from skassoc import SemiSupervisedAssociationClassifier
+    from skassoc.callbacks import Callback
+
+    rank, world, rendezvous, out, params = sys.argv[1:6]
+    rank, world, params = int(rank), int(world), json.loads(params)
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method="file://" + rendezvous, rank=rank, world_size=world
+    )
+    X, y = make_blobs(150, centers=3, n_features=5, random_state=0)
+    y[30:] = -1
+
+    class RaiseOnRankOne(Callback):
+        def on_log(self, run):
+            if rank == 1 and run.step >= 10:
+                raise OSError("disk full on rank 1")
+
+    results = {}
+    first = SemiSupervisedAssociationClassifier(**params, max_iter=1).fit(X, y)
+    torch.save(first.training_state_.exp_avg, f"{out}/first{rank}.pt")
+    fitted = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
+    torch.save(fitted.model_.state_dict(), f"{out}/weights{rank}.pt")
+    results["history"] = fitted.history_
+    try:
+        SemiSupervisedAssociationClassifier(
+            **params, max_iter=30, callbacks=[RaiseOnRankOne()]
+        ).fit(X, y)
+    except Exception as exc:
+        results["raised"] = [type(exc).__name__, str(exc)]
+    try:
+        rows = slice(None) if rank == 0 else slice(1, None)
+        SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X[rows], y[rows])
+    except ValueError as exc:
+        results["other_data"] = str(exc)
+    dist.destroy_process_group()
+    with open(f"{out}/results{rank}.json", "w") as handle:
+        json.dump(results, handle)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """Run the worker in 2 gloo processes; their results, by rank."""
+    out = tmp_path_factory.mktemp("data_parallel")
+    rendezvous = out / "rendezvous"
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                str(rank),
+                "2",
+                str(rendezvous),
+                str(out),
+                json.dumps(PARAMS),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    logs = [process.communicate(timeout=180)[0] for process in processes]
+    for process, log in zip(processes, logs, strict=True):
+        assert process.returncode == 0, log
+    return out, [json.loads((out / f"results{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def blobs_for_workers():
+    X, y = make_blobs(150, centers=3, n_features=5, random_state=0)
+    y[30:] = -1
+    return X, y
+
+
+def test_gradients_of_the_first_step_are_those_of_one_process(
+    two_processes, blobs_for_workers
+):
+    """Adam's first moment after one step is a tenth of the gradient."""
+    out, _ = two_processes
+    X, y = blobs_for_workers
+    one = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=1).fit(X, y)
+    for rank in range(2):
+        moments = torch.load(out / f"first{rank}.pt")
+        for name, moment in one.training_state_.exp_avg.items():
+            torch.testing.assert_close(moments[name], moment, rtol=1e-5, atol=1e-7)
+
+
+def test_the_processes_train_the_model_of_one_process(
+    two_processes, blobs_for_workers
+):
+    out, results = two_processes
+    X, y = blobs_for_workers
+    one = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=30).fit(X, y)
+    weights = [torch.load(out / f"weights{rank}.pt") for rank in range(2)]
+    for name, tensor in one.model_.state_dict().items():
+        # Every process ends with the same model...
+        assert torch.equal(weights[0][name], weights[1][name])
+        # ... that of one process on the whole batch, up to float rounding.
+        torch.testing.assert_close(weights[0][name], tensor, rtol=1e-4, atol=1e-5)
+    for name in ("total", "walker", "visit", "logit"):
+        np.testing.assert_allclose(
+            results[0]["history"][name], one.history_[name], rtol=1e-4
+        )
+    assert results[0]["history"] == results[1]["history"]
+
+
+def test_a_callback_that_raises_in_one_process_stops_every_process(two_processes):
+    _, results = two_processes
+    assert results[1]["raised"] == ["OSError", "disk full on rank 1"]
+    kind, message = results[0]["raised"]
+    assert kind == "RuntimeError"
+    assert "another process" in message
+
+
+def test_processes_given_different_data_are_refused(two_processes):
+    _, results = two_processes
+    for rank in range(2):
+        assert "different training data" in results[rank]["other_data"]
