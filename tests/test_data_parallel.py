@@ -128,9 +128,7 @@ def test_gradients_of_the_first_step_are_those_of_one_process(
             torch.testing.assert_close(moments[name], moment, rtol=1e-5, atol=1e-7)
 
 
-def test_the_processes_train_the_model_of_one_process(
-    two_processes, blobs_for_workers
-):
+def test_the_processes_train_the_model_of_one_process(two_processes, blobs_for_workers):
     out, results = two_processes
     X, y = blobs_for_workers
     one = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=30).fit(X, y)
