@@ -32,6 +32,7 @@ OBJECTS = {
             ("pickle", "py:module", "library/pickle.html#module-pickle"),
             ("json", "py:module", "library/json.html#module-json"),
             ("os.PathLike", "py:class", "library/os.html#os.PathLike"),
+            ("str.format", "py:method", "library/stdtypes.html#$"),
             ("dict", "py:class", "library/stdtypes.html#dict"),
             ("list", "py:class", "library/stdtypes.html#list"),
             ("tuple", "py:class", "library/stdtypes.html#tuple"),
@@ -86,6 +87,7 @@ OBJECTS = {
             ("sklearn.semi_supervised.SelfTrainingClassifier", "py:class", None),
             ("sklearn.pipeline.Pipeline", "py:class", None),
             ("sklearn.model_selection.GridSearchCV", "py:class", None),
+            ("sklearn.model_selection.HalvingGridSearchCV", "py:class", None),
             ("sklearn.model_selection.RandomizedSearchCV", "py:class", None),
             ("sklearn.model_selection.StratifiedKFold", "py:class", None),
             ("sklearn.model_selection.KFold", "py:class", None),
@@ -129,6 +131,11 @@ OBJECTS = {
             ("torch.dtype", "py:class", "tensor_attributes.html#$"),
             ("torch.Generator", "py:class", None),
             ("torch.utils.data.DataLoader", "py:class", "data.html#$"),
+            (
+                "torch.utils.tensorboard.SummaryWriter",
+                "py:class",
+                "tensorboard.html#$",
+            ),
         ],
     ),
     "matplotlib": (
@@ -153,6 +160,7 @@ OBJECTS = {
         [
             ("joblib", "py:module", "index.html"),
             ("joblib.parallel_backend", "py:function", None),
+            ("joblib.Parallel", "py:class", None),
         ],
     ),
     "distributed": (

@@ -25,9 +25,15 @@ from ._engine._device import (
 )
 from ._engine._loop import NonFiniteLossError, non_finite_message
 from ._engine._optim import load_torch_dynamo
+from ._engine._spawn import fit_on_devices, resolve_devices
 from ._engine._step import embedding_chunk_size
-from ._fit import interruption, train_estimators, warn_if_labels_unlearned
-from ._fitted import get_fitted_state, is_fitted
+from ._fit import (
+    continued_run,
+    interruption,
+    train_estimators,
+    warn_if_labels_unlearned,
+)
+from ._fitted import get_fitted_state, is_fitted, set_fitted_state
 from ._inputs import (
     as_tensor,
     check_label_types,
@@ -389,6 +395,15 @@ class SemiSupervisedAssociationClassifier(
         writer ship there). A callback that raises ends training: the model
         of the steps completed is kept, then the error propagates. A model
         file never carries callbacks.
+    devices : "all" or list of int or str, default=None
+        Train one model on several devices at once, data-parallel: ``fit``
+        starts a process per device (GPU indices, ``"cuda:1"``, or
+        ``"cpu"`` entries for CPU processes), each embeds its share of every
+        step's batch, and the estimator gets the model that one process
+        would train on the whole batch (up to float rounding). ``"all"``:
+        every GPU. Overrides ``device``. Callbacks run in the processes (on
+        copies). Under ``torchrun`` leave it None: a fit in a process of an
+        initialized ``torch.distributed`` group trains with the group.
     resume_from : str, os.PathLike or RunStore, default=None
         Where ``fit`` starts from. A path: the model file (a checkpoint, see
         :class:`~skassoc.callbacks.Checkpoint`) whose run it continues, or
@@ -541,6 +556,7 @@ class SemiSupervisedAssociationClassifier(
         class_weight=None,
         class_prior="auto",
         callbacks=None,
+        devices=None,
         resume_from=None,
     ):
         self.network = network
@@ -585,6 +601,7 @@ class SemiSupervisedAssociationClassifier(
         self.class_weight = class_weight
         self.class_prior = class_prior
         self.callbacks = callbacks
+        self.devices = devices
         self.resume_from = resume_from
 
     # ------------------------------------------------------------------ fit
@@ -642,6 +659,9 @@ class SemiSupervisedAssociationClassifier(
         KeyboardInterrupt
             On a Ctrl-C, after keeping what was trained (see above).
         """
+        devices = None if self.devices is None else resolve_devices(self.devices)
+        if devices is not None and len(devices) > 1:
+            return self._fit_on_devices(devices, X, y, X_val, y_val, sample_weight)
         inputs = validate_training_inputs(self, X, y, sample_weight)
         validation = self._validation_set(X_val, y_val, inputs)
         seed = fit_seed(self.random_state)
@@ -649,8 +669,7 @@ class SemiSupervisedAssociationClassifier(
             inputs, validation = hold_out_validation(
                 inputs, self.validation_fraction, seed
             )
-        previous = self._previous_fit(inputs)
-        settings = resolve_fit_settings(self, inputs, previous, seed)
+        previous, origin, settings = self._start(inputs, seed)
         if self.verbose:
             # Where the progress bar goes.
             tqdm.write(describe_settings(settings), file=sys.stderr)
@@ -664,7 +683,7 @@ class SemiSupervisedAssociationClassifier(
         )
         if result.failed_at is not None:
             raise NonFiniteLossError(non_finite_message(result.failed_at))
-        store_run(self, inputs)
+        store_run(self, inputs, origin)
         if result.error is not None:
             # The model of the steps completed is kept (as after a Ctrl-C).
             raise result.error
@@ -676,12 +695,26 @@ class SemiSupervisedAssociationClassifier(
         warn_if_labels_unlearned(result, len(inputs.classes), settings.training)
         return self
 
-    def _previous_fit(self, inputs):
-        """The fitted state this fit starts from, or None for a new network:
-        this estimator's (``warm_start``), else ``resume_from``'s."""
-        if self.warm_start and is_fitted(self):
-            return get_fitted_state(self)
-        return previous_run(self, inputs)
+    def _fit_on_devices(self, devices, X, y, X_val, y_val, sample_weight):
+        """Fit data-parallel in a process per device; take process 0's state."""
+        fit_params = {"X_val": X_val, "y_val": y_val, "sample_weight": sample_weight}
+        fitted = fit_on_devices(self, devices, X, y, fit_params)
+        set_fitted_state(self, get_fitted_state(fitted))
+        return self
+
+    def _start(self, inputs, seed):
+        """Where this fit starts: the fitted state it starts from (None: a new
+        network), that state's origin (see ``previous_run``) and the fit's
+        settings."""
+        previous, origin = previous_run(self, inputs)
+        settings = resolve_fit_settings(self, inputs, previous, seed)
+        if origin == "store" and (
+            continued_run(previous, settings.training.max_iter) is None
+        ):
+            # The store's run has its steps: this fit trains from scratch.
+            previous, origin = None, None
+            settings = resolve_fit_settings(self, inputs, None, seed)
+        return previous, origin, settings
 
     def _initial_model(self, inputs, settings, previous):
         """The model training starts from, on the training device."""
@@ -1015,10 +1048,12 @@ class SemiSupervisedAssociationClassifier(
         (checked against the weights present before anything is built),
         the weights (finite float32 tensors), the classes, the output
         configuration of ``set_output`` and the training hyperparameters,
-        each within limits. ``compile`` and ``device`` are
-        never read from it (``compile`` is off, ``device`` is this method's
-        argument). Anything outside these bounds is refused with a
-        ``ValueError`` before it is allocated.
+        each within limits, and, in a checkpoint, the run's state (see
+        ``save``). ``compile``, ``device``, ``devices``, ``callbacks`` and
+        ``resume_from`` are never read from it (``compile`` is off,
+        ``device`` is this method's argument, the others None). Anything
+        outside these bounds is refused with a ``ValueError`` before it is
+        allocated.
 
         Parameters
         ----------

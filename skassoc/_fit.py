@@ -19,6 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ._engine._batches import make_batches
 from ._engine._builtin import History, ProgressBar, Validation
+from ._engine._callback import check_callbacks
 from ._engine._device import seeded_rng, torch_threads
 from ._engine._loop import Member, train
 from ._engine._runner import (
@@ -75,6 +76,8 @@ def train_estimators(
         left as it was; the others are fitted (also when training was
         interrupted or a callback raised: the caller raises afterwards).
     """
+    for estimator in estimators:
+        check_callbacks(estimator.callbacks)
     device = settings.device
     # Several processes train one model data-parallel; stacked candidates
     # train in each process on its own.
@@ -147,9 +150,7 @@ def _member(estimator, model, inputs, settings, validation, previous, state, fir
         )
     if training.verbose and first:
         callbacks.append(ProgressBar(training.verbose))
-    # Copies: the estimator's own callbacks stay as the user made them (a
-    # search clones them per fit anyway).
-    callbacks += list(estimator.callbacks or ())
+    callbacks += check_callbacks(estimator.callbacks)
 
     def snapshot(run):
         return _snapshot(estimator, run, inputs, settings)

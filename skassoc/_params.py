@@ -95,8 +95,9 @@ class _NotFromFiles:
         return "NOT_FROM_FILES"
 
 
-#: ``file_domain`` of a parameter that reaches a compiler or the hardware: a
-#: model file never sets it (``load`` keeps the default, or its argument).
+#: ``file_domain`` of a parameter that reaches a compiler, the hardware, code
+#: or other files: a model file never sets it (``load`` keeps the default, or
+#: its argument).
 NOT_FROM_FILES = _NotFromFiles()
 
 
@@ -479,6 +480,14 @@ PARAMS = (
         part="fit",
     ),
     Param(
+        "devices",
+        default=None,
+        constraints=(None, StrOptions({"all"}), list, tuple),
+        # Hardware: a model file never chooses it.
+        file_domain=NOT_FROM_FILES,
+        part="device",
+    ),
+    Param(
         "resume_from",
         default=None,
         constraints=(None, str, os.PathLike, RunStore),
@@ -494,7 +503,8 @@ PARAMETER_CONSTRAINTS = {p.name: list(p.constraints) for p in PARAMS}
 SAFE_PARAMS = {
     p.name: p.file_domain for p in PARAMS if p.file_domain is not NOT_FROM_FILES
 }
-#: The parameters a model file never sets: they reach a compiler or the hardware.
+#: The parameters a model file never sets: they reach a compiler, the
+#: hardware, code (callbacks) or other files.
 NEVER_FROM_FILE = tuple(p.name for p in PARAMS if p.file_domain is NOT_FROM_FILES)
 
 

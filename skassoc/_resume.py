@@ -1,19 +1,23 @@
 """Where a fit starts from: this estimator's fit, a model file, a run store.
 
-``fit`` asks :func:`previous_run` for the fitted state it continues (see the
-estimator's ``warm_start`` and ``resume_from``), and :func:`store_run` keeps
-its run in a :class:`~skassoc._run_store.RunStore` when it has one.
+``fit`` asks :func:`previous_run` for the fitted state it starts from (see
+the estimator's ``warm_start`` and ``resume_from``), and :func:`store_run`
+keeps its run in a :class:`~skassoc._run_store.RunStore` when it has one.
 """
 
-from ._fitted import get_fitted_state
+import os
+import warnings
+
+from ._fitted import get_fitted_state, is_fitted
 from ._io._model_file import load_model, save_model
 from ._nn._networks import NETWORKS
 from ._run_store import RunStore
+from ._utils import user_stacklevel
 
 __all__ = ["previous_run", "store_run"]
 
 
-def _usable(estimator):
+def _unusable(estimator):
     """Why ``estimator``'s runs cannot be stored, or None."""
     if not isinstance(estimator.random_state, int):
         return "random_state is not an int"
@@ -25,42 +29,94 @@ def _usable(estimator):
 
 
 def previous_run(estimator, inputs):
-    """The fitted state that ``estimator``'s fit starts from (its
-    ``resume_from``), or None: a model file's, or a store's run."""
-    store = estimator.resume_from
-    if store is None:
-        return None
-    if not isinstance(store, RunStore):
-        return get_fitted_state(
-            load_model(type(estimator), store, device=estimator.device)
+    """The fitted state a fit of ``estimator`` starts from, and its origin.
+
+    Returns
+    -------
+    previous : FittedState or None
+        None: a new network.
+    origin : {"estimator", "file", "store"} or None
+        This estimator's own fit (``warm_start``), the model file of
+        ``resume_from``, or the run of its store.
+
+    Raises
+    ------
+    ValueError
+        If ``resume_from`` names no file, or a store that cannot hold this
+        fit's runs.
+    """
+    if estimator.warm_start and is_fitted(estimator):
+        return get_fitted_state(estimator), "estimator"
+    source = estimator.resume_from
+    if source is None:
+        return None, None
+    if not isinstance(source, RunStore):
+        if not os.path.isfile(source):
+            raise ValueError(
+                f"resume_from={os.fspath(source)!r} is no file. Give the path of "
+                "a model file (a checkpoint), or leave resume_from=None."
+            )
+        loaded = load_model(type(estimator), source, device=estimator.device)
+        return get_fitted_state(loaded), "file"
+    path = _prepared_path(source, estimator, inputs)
+    if not path.is_file():
+        return None, None
+    try:
+        loaded = load_model(type(estimator), path, device=estimator.device)
+    except ValueError as exc:
+        # A cache: a file that cannot be read is trained again, and replaced.
+        warnings.warn(
+            f"A stored run of this fit cannot be read ({exc}; in {source!r}); "
+            "training from scratch and storing the new run in its place.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
         )
-    if _usable(estimator) is not None:
+        return None, None
+    return get_fitted_state(loaded), "store"
+
+
+def _prepared_path(store, estimator, inputs):
+    """The file of this fit's run in ``store``; the store checked to be usable
+    before any training (a failure after it would waste the run)."""
+    if _unusable(estimator) is not None:
         raise ValueError(
             f"resume_from={store!r} keeps runs as model files of fits with an "
-            f"int random_state and a built-in network, but {_usable(estimator)}."
+            f"int random_state and a built-in network, but {_unusable(estimator)}."
             " Set random_state to an int (and use a built-in network), or "
             "leave resume_from=None."
         )
     path = store.path(estimator, inputs)
-    if not path.is_file():
-        return None
-    state = get_fitted_state(load_model(type(estimator), path, device=estimator.device))
-    run = state.training_state
-    max_iter = estimator.max_iter
-    if run is None or (not isinstance(max_iter, str) and run.n_iter >= max_iter):
-        return None
-    return state
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"resume_from={store!r} cannot keep runs: its directory cannot be "
+            f"made ({exc}). Give a directory that can be written."
+        ) from exc
+    return path
 
 
-def store_run(estimator, inputs):
-    """Keep ``estimator``'s run (just fitted) in its ``resume_from`` store."""
+def store_run(estimator, inputs, origin):
+    """Keep ``estimator``'s run (just fitted) in its ``resume_from`` store.
+
+    Only a run of the parameters' own: one that started from scratch or from
+    the store (a warm start from other data or a file would store a run that
+    is not this fit's). A failure to write warns: the fit itself succeeded.
+    """
     store = estimator.resume_from
-    if not isinstance(store, RunStore):
+    if not isinstance(store, RunStore) or origin not in (None, "store"):
         return
     path = store.path(estimator, inputs)
-    if get_fitted_state(estimator).training_state is None:
-        # Early stopping kept an earlier step's weights: nothing to continue.
-        path.unlink(missing_ok=True)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_model(estimator, path, training_state=True)
+    try:
+        if get_fitted_state(estimator).training_state is None:
+            # Early stopping kept an earlier step's weights: nothing to continue.
+            path.unlink(missing_ok=True)
+            return
+        save_model(estimator, path, training_state=True)
+    except (OSError, ValueError) as exc:
+        warnings.warn(
+            f"The fit succeeded, but {store!r} could not keep its run ({exc}); "
+            "a later fit will train it from scratch.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )

@@ -45,7 +45,8 @@ class RunStore:
     This lets successive halving over ``max_iter`` continue each
     candidate's run from round to round, though every round fits a fresh
     clone. Fits continue runs only with an int ``random_state`` and a
-    built-in network (a run is a model file).
+    built-in network (a run is a model file). The key hashes the whole of
+    ``X`` once per fit (a memory-mapped ``X`` is read through once).
 
     Parameters
     ----------

@@ -441,14 +441,16 @@ def _check_warm_start(estimator, inputs, spec, previous):
     before = (previous.n_features_in, previous.input_shape)
     if (inputs.n_features, inputs.image_shape) != before:
         raise ValueError(
-            "warm_start=True needs inputs shaped like those of the previous "
+            "Continuing a fit (warm_start=True, or resume_from) needs inputs "
+            "shaped like those of the previous "
             f"fit ({before[0]} features, image shape {before[1]}); got "
             f"{inputs.n_features} features, image shape {inputs.image_shape}. "
             "Set warm_start=False to train a new model."
         )
     if not np.array_equal(inputs.classes, previous.classes):
         raise ValueError(
-            "warm_start=True needs the classes of the previous fit "
+            "Continuing a fit (warm_start=True, or resume_from) needs the "
+            "classes of the previous fit "
             f"({previous.classes.tolist()}); got {inputs.classes.tolist()}. Set "
             "warm_start=False to train a new model."
         )
@@ -477,7 +479,8 @@ def _check_warm_start(estimator, inputs, spec, previous):
     if changed:
         details = ", ".join(f"{n}: {had[n]!r} -> {wanted[n]!r}" for n in changed)
         raise ValueError(
-            "warm_start=True continues training the fitted network, but these "
+            "Continuing a fit (warm_start=True, or resume_from) trains the "
+            "fitted network on, but these "
             f"parameters now ask for another one ({details}). Set them back, "
             "or set warm_start=False to train a new model."
         )

@@ -20,13 +20,14 @@ from sklearn.base import clone
 
 from ._engine._loop import NonFiniteLossError
 from ._fit import train_estimators
-from ._fitted import get_fitted_state, is_fitted
 from ._inputs import (
     classification_weights,
     hold_out_validation,
     validate_training_inputs,
 )
 from ._params import param_value, varying_params
+from ._resume import previous_run
+from ._run_store import RunStore
 from ._settings import (
     embeds_feature_vectors,
     fit_seed,
@@ -108,7 +109,9 @@ def fit_candidates(
     estimator : SemiSupervisedAssociationClassifier
         Gives every parameter the candidates share; it is not changed. With
         ``warm_start=True`` and fitted, every candidate continues from its
-        model (and its run, see ``warm_start``).
+        model (and its run, see ``warm_start``); so it does from the model
+        file of ``resume_from`` (a RunStore is refused: it keeps one run per
+        candidate).
     param_list : sequence of dict
         One dict per candidate, of loss weights only (``walker_weight``,
         ``visit_weight``, ``logit_weight``).
@@ -171,9 +174,14 @@ def fit_candidates(
         inputs, validation = hold_out_validation(
             inputs, estimator.validation_fraction, seed
         )
-    previous = None
-    if estimator.warm_start and is_fitted(estimator):
-        previous = get_fitted_state(estimator)
+    if isinstance(estimator.resume_from, RunStore):
+        raise ValueError(
+            "Stacked candidates cannot use a RunStore: it keeps a run per "
+            "candidate's parameters, while stacked candidates share one start. "
+            "Use it with GridSearchCV or HalvingGridSearchCV, or give "
+            "resume_from a model file that every candidate starts from."
+        )
+    previous, _ = previous_run(estimator, inputs)
     settings = resolve_fit_settings(candidates[0], inputs, previous, seed)
     _check_same_consistency(candidates, inputs, settings)
     results = train_estimators(

@@ -47,6 +47,7 @@ def bench(monkeypatch):
         ("bench_defaults", ["--device=cpu"], "defaults_cpu"),
         ("bench_defaults", ["--device=cuda"], "defaults_cuda"),
         ("bench_search", ["--device=cuda"], "search_cuda"),
+        ("bench_halving", ["--device=cpu"], "halving_cpu"),
     ],
 )
 def test_render_only_reproduces_the_committed_table(

@@ -35,7 +35,7 @@ PARAMS = dict(
 
 WORKER = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import numpy as np, torch, torch.distributed as dist
     from sklearn.datasets import make_blobs
     from skassoc import SemiSupervisedAssociationClassifier
@@ -75,6 +75,9 @@ WORKER = textwrap.dedent(
     dist.destroy_process_group()
     with open(f"{out}/results{rank}.json", "w") as handle:
         json.dump(results, handle)
+    # gloo's threads can abort the interpreter's teardown ("terminate called
+    # without an active exception"); everything is written by now.
+    os._exit(0)
     """
 )
 
@@ -157,3 +160,49 @@ def test_processes_given_different_data_are_refused(two_processes):
     _, results = two_processes
     for rank in range(2):
         assert "different training data" in results[rank]["other_data"]
+
+
+def test_devices_fits_in_a_process_per_device_like_one_process(blobs_for_workers):
+    """The notebook way: ``devices`` starts the processes itself."""
+    X, y = blobs_for_workers
+    params = {**PARAMS, "max_iter": 30}
+    spread = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+    spread.fit(X, y)
+    one = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    assert spread.n_iter_ == 30 and spread.device_ == torch.device("cpu")
+    for name, tensor in one.model_.state_dict().items():
+        torch.testing.assert_close(
+            spread.model_.state_dict()[name], tensor, rtol=1e-4, atol=1e-5
+        )
+    np.testing.assert_array_equal(spread.predict(X), one.predict(X))
+
+
+def test_a_failing_worker_raises_in_the_caller_and_changes_nothing(
+    blobs_for_workers,
+):
+    X, y = blobs_for_workers
+    clf = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=5).fit(X, y)
+    weights = [t.clone() for t in clf.model_.state_dict().values()]
+    clf.set_params(devices=["cpu", "cpu"], learning_rate=1e30, max_iter=30)
+    with pytest.raises(RuntimeError, match="NaN or infinite"):
+        clf.fit(X, y)
+    assert all(
+        torch.equal(a, b) for a, b in zip(weights, clf.model_.state_dict().values())
+    )
+
+
+@pytest.mark.parametrize(
+    "devices, match",
+    [
+        (["cpu", "mps"], "GPUs only or CPUs only"),
+        (["tpu"], "no device torch knows"),
+        ([99], "CUDA device"),
+    ],
+)
+def test_bad_devices_are_refused_before_any_process_starts(
+    blobs_for_workers, devices, match
+):
+    X, y = blobs_for_workers
+    clf = SemiSupervisedAssociationClassifier(**PARAMS, devices=devices)
+    with pytest.raises(ValueError, match=match):
+        clf.fit(X, y)

@@ -324,3 +324,146 @@ def test_resume_from_a_checkpoint_file_continues_its_run(
     resumed = SemiSupervisedAssociationClassifier(**fast_params, resume_from=path)
     resumed.fit(X, y)
     assert _same_weights(resumed, straight)
+
+
+@pytest.mark.parametrize(
+    "callbacks, match",
+    [([None], "none of the hooks"), ([StopAt], "pass an instance"), (["x"], "hooks")],
+)
+def test_objects_without_hooks_are_refused_before_training(
+    fast_params, blobs_semi, callbacks, match
+):
+    X, y = blobs_semi
+    with pytest.raises(TypeError, match=match):
+        SemiSupervisedAssociationClassifier(**fast_params, callbacks=callbacks).fit(
+            X, y
+        )
+
+
+def test_a_stop_at_fit_begin_trains_no_step_of_a_continued_run(fast_params, blobs_semi):
+    class StopAtOnce(Callback):
+        def on_fit_begin(self, run):
+            run.stop()
+
+    X, y = blobs_semi
+    clf = SemiSupervisedAssociationClassifier(**fast_params, callbacks=[StopAt(10)])
+    clf.fit(X, y)
+    weights = _weights(clf)
+    clf.set_params(warm_start=True, callbacks=[StopAtOnce()]).fit(X, y)
+    assert clf.n_iter_ == 10
+    assert all(torch.equal(a, b) for a, b in zip(weights, _weights(clf)))
+
+
+def test_a_ctrl_c_in_on_fit_end_keeps_the_trained_model(fast_params, blobs_semi):
+    class InterruptAtEnd(Callback):
+        def on_fit_end(self, run):
+            raise KeyboardInterrupt
+
+    X, y = blobs_semi
+    straight = SemiSupervisedAssociationClassifier(**fast_params).fit(X, y)
+    clf = SemiSupervisedAssociationClassifier(
+        **fast_params, callbacks=[InterruptAtEnd()]
+    )
+    with pytest.raises(KeyboardInterrupt):
+        clf.fit(X, y)
+    assert _same_weights(clf, straight)
+
+
+def test_every_begun_callback_ends_when_a_later_one_fails_to_begin(
+    fast_params, blobs_semi
+):
+    class FailsAtBegin(Callback):
+        def on_fit_begin(self, run):
+            raise RuntimeError("no writer")
+
+    X, y = blobs_semi
+    recorder = Recorder()
+    clf = SemiSupervisedAssociationClassifier(
+        **fast_params, callbacks=[recorder, FailsAtBegin()]
+    )
+    with pytest.raises(RuntimeError, match="no writer"):
+        clf.fit(X, y)
+    assert [call[0] for call in recorder.calls] == ["begin", "end"]
+
+
+def test_the_end_of_fit_checkpoint_holds_the_fitted_weights(
+    fast_params, blobs_semi, tmp_path
+):
+    """With early stopping and averaged weights, the last checkpoint is the
+    fitted model (the best weights), not the last step's average."""
+    from skassoc.callbacks import Checkpoint
+
+    X, y = blobs_semi
+    path = tmp_path / "end.skassoc"
+    clf = SemiSupervisedAssociationClassifier(
+        **fast_params,
+        ema_decay=0.9,
+        early_stopping=True,
+        validation_interval=5,
+        n_iter_no_change=2,
+        tol=0.5,
+        callbacks=[Checkpoint(path, every=1000)],
+    ).fit(X, y)
+    loaded = SemiSupervisedAssociationClassifier.load(path, device="cpu")
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+
+
+def test_a_run_store_with_max_iter_auto_trains_from_scratch_again(
+    fast_params, blobs_semi, tmp_path, counted_steps
+):
+    from skassoc.model_selection import RunStore
+
+    X, y = blobs_semi
+    params = {**fast_params, "max_iter": "auto", "resume_from": RunStore(tmp_path)}
+    first = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    again = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    assert _same_weights(first, again)
+    assert len(counted_steps) == first.n_iter_ + again.n_iter_
+
+
+def test_a_run_store_keeps_only_runs_of_its_own_parameters(
+    fast_params, blobs_semi, tmp_path
+):
+    """A warm start from another fit is not this fit's run: not stored."""
+    from skassoc.model_selection import RunStore
+
+    X, y = blobs_semi
+    store = RunStore(tmp_path / "runs")
+    clf = SemiSupervisedAssociationClassifier(**fast_params).fit(X[:-5], y[:-5])
+    clf.set_params(warm_start=True, resume_from=store, max_iter=40).fit(X, y)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_a_run_store_that_cannot_be_made_is_refused_before_training(
+    fast_params, blobs_semi, tmp_path
+):
+    from skassoc.model_selection import RunStore
+
+    X, y = blobs_semi
+    (tmp_path / "file").write_text("not a directory")
+    clf = SemiSupervisedAssociationClassifier(
+        **fast_params, resume_from=RunStore(tmp_path / "file")
+    )
+    with pytest.raises(ValueError, match="cannot keep runs"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "model_")
+    with pytest.raises(ValueError, match="is no file"):
+        clf.set_params(resume_from=tmp_path / "missing.skassoc").fit(X, y)
+
+
+def test_an_unreadable_stored_run_is_trained_again_with_a_warning(
+    fast_params, blobs_semi, tmp_path, counted_steps
+):
+    from skassoc.model_selection import RunStore
+
+    X, y = blobs_semi
+    params = {**fast_params, "max_iter": 20, "resume_from": RunStore(tmp_path)}
+    SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    [stored] = list(tmp_path.iterdir())
+    stored.write_bytes(b"not a model file")
+    counted_steps.clear()
+    with pytest.warns(UserWarning, match="A stored run of this fit cannot be read"):
+        SemiSupervisedAssociationClassifier(**{**params, "max_iter": 40}).fit(X, y)
+    assert len(counted_steps) == 40
+    # ... and the new run replaced it.
+    SemiSupervisedAssociationClassifier.load(stored, device="cpu")

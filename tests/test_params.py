@@ -89,7 +89,13 @@ def test_every_default_is_valid_and_can_be_saved():
 
 
 def test_the_model_files_parameters_are_the_tables():
-    assert NEVER_FROM_FILE == ("compile", "device", "callbacks", "resume_from")
+    assert NEVER_FROM_FILE == (
+        "compile",
+        "device",
+        "callbacks",
+        "devices",
+        "resume_from",
+    )
     assert list(SAFE_PARAMS) == [n for n in NAMES if n not in NEVER_FROM_FILE]
     for param in PARAMS:
         if param.file_domain is NOT_FROM_FILES:

@@ -932,7 +932,7 @@ def test_warm_start_with_other_classes_raises(labeled_params, blobs):
     X, y = blobs
     clf = make_clf(labeled_params, warm_start=True, max_iter=10).fit(X, y)
     before = fitted_state(clf, X)
-    with pytest.raises(ValueError, match="warm_start=True needs the classes"):
+    with pytest.raises(ValueError, match="needs the classes of the previous fit"):
         clf.fit(X, np.where(y == 2, 1, y))
     assert_same_state(clf, X, before)
 

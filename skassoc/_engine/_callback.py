@@ -12,7 +12,7 @@ callbacks.
 
 import contextlib
 
-__all__ = ["Callback", "TrainingRun", "HOOKS"]
+__all__ = ["Callback", "TrainingRun", "HOOKS", "check_callbacks", "call_hook"]
 
 #: The methods a callback may have, in the order the loop calls them.
 HOOKS = ("on_fit_begin", "on_log", "on_fit_end")
@@ -89,12 +89,12 @@ class TrainingRun:
         self.stop_requested = True
 
     def fitted_weights(self):
-        """A context in which :attr:`model` holds the weights it would be
+        """A context in which ``model`` holds the weights it would be
         fitted with if training ended now (the moving average, if kept)."""
         return self._hooks.get("fitted_weights", contextlib.nullcontext)()
 
     def training_state(self):
-        """The :class:`~skassoc._engine._state.TrainingState` now (reads the
+        """The run's training state now (``training_state_``; reads the
         device back): what continuing the run from here needs."""
         return self._hooks["training_state"]()
 
@@ -103,6 +103,29 @@ class TrainingRun:
         training state: ``snapshot().save(path, training_state=True)``
         writes a checkpoint."""
         return self._hooks["snapshot"](self)
+
+
+def check_callbacks(callbacks):
+    """``callbacks`` as a list, each an object with at least one hook.
+
+    Raises
+    ------
+    TypeError
+        For a class (rather than an instance) or an object without hooks.
+    """
+    callbacks = list(callbacks or ())
+    for callback in callbacks:
+        if isinstance(callback, type):
+            raise TypeError(
+                f"callbacks holds the class {callback.__name__}; pass an "
+                f"instance, e.g. {callback.__name__}(...)."
+            )
+        if not any(callable(getattr(callback, hook, None)) for hook in HOOKS):
+            raise TypeError(
+                f"callbacks holds {callback!r}, which has none of the hooks "
+                f"{', '.join(HOOKS)}; subclass skassoc.callbacks.Callback."
+            )
+    return callbacks
 
 
 def call_hook(callbacks, hook, run):

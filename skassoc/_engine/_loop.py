@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._callback import TrainingRun, call_hook
-from ._optim import Optimization, parameter_groups
+from ._optim import Optimization, parameter_groups, sigint_held_back
 from ._state import TrainingState, capture_state, restore_states
 from ._step import AssociationStep
 
@@ -163,6 +163,8 @@ class _Loop:
         self.frozen, self.failed = {}, {}
         self.error, self.interrupted = None, False
         self.final_states = None
+        # The callbacks whose on_fit_begin ran: only they get on_fit_end.
+        self.begun = set()
         self.runs = [self._run_of(k, member) for k, member in enumerate(members)]
 
     def _run_of(self, k, member):
@@ -190,21 +192,26 @@ class _Loop:
         return capture_state(self.step, k, self.completed)
 
     def fitted_weights(self, k):
-        """Model ``k`` holds its moving average until the context ends."""
+        """Model ``k`` holds its moving average until the context ends (once
+        training has ended, the models hold their fitted weights already)."""
         average = self.step.average
-        if average is None:
+        if average is None or self.final_states is not None:
             return contextlib.nullcontext()
         return average.swapped_in(*self.step.param_ranges[k])
 
     def run(self):
-        for k in self.live:
-            call_hook(self.members[k].callbacks, "on_fit_begin", self.runs[k])
+        """Train; the results once every model has its fitted weights.
+
+        Every callback whose ``on_fit_begin`` ran gets its ``on_fit_end``,
+        whatever ends training (a failure too, with ``run.failed``).
+        """
         try:
+            self._begin_callbacks()
             self._steps()
         except KeyboardInterrupt:
             self.step.runner.synchronize()
             if self.completed == self.start:
-                self._end_callbacks()
+                self._end_callbacks(failed=True)
                 raise
             self.interrupted = True
             # The losses of the steps that did complete are still worth
@@ -212,13 +219,56 @@ class _Loop:
             self._log(call_callbacks=False)
         except _CallbackError as wrapped:
             self.error, self.interrupted = wrapped.error, True
+            self._log(call_callbacks=False)
+        except BaseException:
+            # Nothing to keep (an error in a step, or in on_fit_begin).
+            self._end_callbacks(failed=True)
+            raise
         return self._finish()
+
+    def _begin_callbacks(self):
+        for k in list(self.live):
+            run, error = self.runs[k], None
+            try:
+                for callback in self.members[k].callbacks:
+                    self.begun.add(id(callback))
+                    call_hook([callback], "on_fit_begin", run)
+            except Exception as exc:
+                error = exc
+            error = self._agree(run, error)
+            if error is not None:
+                raise error
+            if run.stop_requested:
+                # Asked to stop before its first step.
+                self._stop(k)
+
+    def _agree(self, run, error):
+        """With several processes, make every one stop (or fail) when any
+        one's callbacks asked to stop (or raised): the others would wait for
+        it in the next step. Returns the error this process raises, if any.
+        """
+        runner = self.step.runner
+        if runner.world_size == 1:
+            return error
+        raised, stop = runner.any_process(error is not None, run.stop_requested)
+        if raised and error is None:
+            error = RuntimeError(
+                f"Training stopped after step {self.completed}: a callback "
+                "raised in another process of the group (its error is raised "
+                "there)."
+            )
+        run.stop_requested = stop
+        return error
 
     def _steps(self):
         runner, optimization = self.step.runner, self.step.optimization
         while self.completed < self.config.max_iter and self.live:
-            runner.run(self.step)
-            self.completed += 1
+            # A Ctrl-C inside a step would keep a model, a generator or a
+            # sampler one step ahead of the steps counted: it is delivered
+            # between steps.
+            with sigint_held_back():
+                runner.run(self.step)
+                self.completed += 1
             if self._is_log_point():
                 self._log()
             optimization.next_rate()
@@ -260,26 +310,13 @@ class _Loop:
                 self._call_on_log(k, run)
 
     def _call_on_log(self, k, run):
-        """Model ``k``'s callbacks' ``on_log``; then stop it if one asked.
-
-        With several processes, all of them stop when any one's callbacks
-        ask to (or raise): the others would wait for it in the next step.
-        """
+        """Model ``k``'s callbacks' ``on_log``; then stop it if one asked."""
         error = None
         try:
             call_hook(self.members[k].callbacks[1:], "on_log", run)
         except Exception as exc:
             error = exc
-        runner = self.step.runner
-        if runner.world_size > 1:
-            raised, stop = runner.any_process(error is not None, run.stop_requested)
-            if raised and error is None:
-                error = RuntimeError(
-                    f"Training stopped after step {self.completed}: a callback "
-                    "raised in another process of the group (its error is "
-                    "raised there)."
-                )
-            run.stop_requested = stop
+        error = self._agree(run, error)
         if error is not None:
             raise _CallbackError(error) from error
         if run.stop_requested:
@@ -342,20 +379,27 @@ class _Loop:
             model.eval()
         return results
 
-    def _end_callbacks(self):
+    def _end_callbacks(self, failed=False):
+        """Every begun callback's ``on_fit_end``; their errors are kept.
+
+        The models are trained when this runs (unless ``failed``): an error,
+        or a Ctrl-C, in a callback is raised by the caller once it has kept
+        them.
+        """
         for k, run in enumerate(self.runs):
-            run.failed = k in self.failed
+            run.failed = failed or k in self.failed
             run.interrupted = self.interrupted
-            if k in self.frozen:
-                run.step = self.frozen[k][0]
-            else:
-                run.step = self.completed
-            try:
-                call_hook(self.members[k].callbacks, "on_fit_end", run)
-            except Exception as exc:
-                # The models are trained: the caller keeps them, then raises.
-                if self.error is None:
-                    self.error = exc
+            run.step = self.frozen[k][0] if k in self.frozen else self.completed
+            for callback in self.members[k].callbacks:
+                if id(callback) not in self.begun:
+                    continue
+                try:
+                    call_hook([callback], "on_fit_end", run)
+                except KeyboardInterrupt:
+                    self.interrupted = run.interrupted = True
+                except BaseException as exc:  # noqa: BLE001 -- raised by the caller
+                    if self.error is None:
+                        self.error = exc
 
     def _result(self, k, state):
         run = self.runs[k]
@@ -364,7 +408,7 @@ class _Loop:
         return TrainingResult(
             n_iter=run.step,
             history=run.history,
-            interrupted=run.interrupted,
+            interrupted=self.interrupted,
             stopped=run.stop_requested,
             best_step=run.best_step,
             failed_at=self.failed.get(k),

@@ -12,7 +12,6 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_functional
 
 from ._device import (
     autocast_context,
@@ -165,7 +164,7 @@ class DeviceRunner:
         if len(rows) < longest:
             padding = rows.new_zeros((longest - len(rows), *rows.shape[1:]))
             rows = torch.cat([rows, padding])
-        parts = dist_functional.all_gather(rows, group=self.group)
+        parts = _GatherRows.apply(rows, self.group, self.world_size, self.rank)
         return torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
 
     def average_gradients(self, params):
@@ -216,6 +215,29 @@ class DeviceRunner:
         """Wait until the device has finished the steps queued so far."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather of equal-shaped rows, ``(world_size, *rows.shape)``, whose
+    gradient is the sum over the processes of the gradient of each one's rows.
+
+    torch's own autograd gather (``torch.distributed.nn.functional``) is
+    deprecated, its successor private; this one all-reduces the gradient of
+    the whole gathered batch (a few hundred embeddings) and keeps its rows.
+    """
+
+    @staticmethod
+    def forward(ctx, rows, group, world_size, rank):
+        ctx.group, ctx.rank = group, rank
+        parts = [torch.empty_like(rows) for _ in range(world_size)]
+        dist.all_gather(parts, rows.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[ctx.rank], None, None, None
 
 
 def training_group(device):

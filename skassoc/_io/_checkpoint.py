@@ -55,8 +55,8 @@ class Checkpoint(Callback):
 
     See Also
     --------
-    SemiSupervisedAssociationClassifier.save : Save a fitted estimator.
-    SemiSupervisedAssociationClassifier.load : Load a model file or checkpoint.
+    skassoc.SemiSupervisedAssociationClassifier.save : Save a fitted estimator.
+    skassoc.SemiSupervisedAssociationClassifier.load : Load a model file or checkpoint.
 
     Notes
     -----
@@ -66,6 +66,10 @@ class Checkpoint(Callback):
     leaves its latest state on disk. Where early stopping put back the
     weights of an earlier step, that last file holds the fitted model
     without training state (a run cannot continue from those weights).
+
+    The fits of a search (every candidate and fold, and every candidate of a
+    stacked search) write to the same ``path``; keep a checkpoint callback
+    for single fits, or give each search a path of its own.
 
     The arguments are checked when a fit begins, as is whether the estimator
     can be saved (a custom network cannot), so that a fit does not fail at

@@ -363,8 +363,9 @@ def decode_params(params):
     if ignored:
         warnings.warn(
             f"The model file sets {', '.join(ignored)}, which model files may "
-            "not configure: compile stays off, device is load's argument and "
-            "callbacks are None. Set them with set_params if you trust them.",
+            "not configure: compile stays off, device is load's argument, and "
+            "devices, callbacks and resume_from are None. Set them with "
+            "set_params if you trust them.",
             UserWarning,
             stacklevel=user_stacklevel(),
         )
