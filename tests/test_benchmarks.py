@@ -48,6 +48,7 @@ def bench(monkeypatch):
         ("bench_defaults", ["--device=cuda"], "defaults_cuda"),
         ("bench_search", ["--device=cuda"], "search_cuda"),
         ("bench_halving", ["--device=cpu"], "halving_cpu"),
+        ("bench_multi_gpu", ["--device=cuda"], "multi_gpu_cuda"),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
