@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from sklearn.base import (
     BaseEstimator,
     ClassifierMixin,
@@ -25,6 +26,7 @@ from ._engine._device import (
 )
 from ._engine._loop import NonFiniteLossError, non_finite_message
 from ._engine._optim import load_torch_dynamo
+from ._engine._runner import agreed_seed, training_group
 from ._engine._spawn import fit_on_devices, resolve_devices
 from ._engine._step import embedding_chunk_size
 from ._fit import (
@@ -59,6 +61,7 @@ from ._resume import previous_run, store_run
 from ._settings import (
     available_memory_bytes,
     describe_settings,
+    fit_device,
     fit_seed,
     resolve_fit_settings,
     resolve_precision,
@@ -664,7 +667,7 @@ class SemiSupervisedAssociationClassifier(
             return self._fit_on_devices(devices, X, y, X_val, y_val, sample_weight)
         inputs = validate_training_inputs(self, X, y, sample_weight)
         validation = self._validation_set(X_val, y_val, inputs)
-        seed = fit_seed(self.random_state)
+        seed = self._fit_seed()
         if self.early_stopping and validation is None:
             inputs, validation = hold_out_validation(
                 inputs, self.validation_fraction, seed
@@ -698,9 +701,22 @@ class SemiSupervisedAssociationClassifier(
     def _fit_on_devices(self, devices, X, y, X_val, y_val, sample_weight):
         """Fit data-parallel in a process per device; take process 0's state."""
         fit_params = {"X_val": X_val, "y_val": y_val, "sample_weight": sample_weight}
-        fitted = fit_on_devices(self, devices, X, y, fit_params)
-        set_fitted_state(self, get_fitted_state(fitted))
+        fitted, error = fit_on_devices(self, devices, X, y, fit_params)
+        if fitted is not None and is_fitted(fitted):
+            # The new model, or (when the fit failed early) the one it had.
+            set_fitted_state(self, get_fitted_state(fitted))
+        if error is not None:
+            raise error
         return self
+
+    def _fit_seed(self):
+        """This fit's seed; in a data-parallel fit, process 0's (every process
+        must hold out the same validation samples and draw the same batches)."""
+        seed = fit_seed(self.random_state)
+        if not (dist.is_available() and dist.is_initialized()):
+            return seed
+        group = training_group(fit_device(self))
+        return seed if group is None else agreed_seed(seed, group)
 
     def _start(self, inputs, seed):
         """Where this fit starts: the fitted state it starts from (None: a new

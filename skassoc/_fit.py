@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import joblib
 import numpy as np
+import torch
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
@@ -25,9 +26,10 @@ from ._engine._loop import Member, train
 from ._engine._runner import (
     DeviceRunner,
     agreed_seed,
-    check_same_data,
+    check_same_everywhere,
     training_group,
 )
+from ._engine._step import has_batch_norm
 from ._fitted import FittedState, set_fitted_state
 from ._params import param_value, varying_params
 from ._prior import uniform_prior
@@ -83,8 +85,11 @@ def train_estimators(
     # train in each process on its own.
     group = training_group(device) if len(estimators) == 1 else None
     if group is not None:
-        check_same_data(_data_summary(inputs), group)
+        check_same_everywhere(_params_summary(estimators[0]), group, "parameters")
+        check_same_everywhere(_data_summary(inputs), group, "training data")
         settings = replace(settings, seed=agreed_seed(settings.seed, group))
+    # One progress bar for a data-parallel fit: process 0's.
+    rank = 0 if group is None else torch.distributed.get_rank(group)
     state = continued_run(previous, settings.training.max_iter)
     configs = [_config_of(settings.training, est) for est in estimators]
     with seeded_rng(settings.seed, device), torch_threads(device):
@@ -92,9 +97,15 @@ def train_estimators(
         # sampler of shuffled epochs takes its seed from the CPU generator).
         model = estimators[0]._initial_model(inputs, settings, previous)
         batches = make_batches(inputs, settings, loss_weights)
+        if group is not None and has_batch_norm(model):
+            raise ValueError(
+                "Networks with batch norm (the STL-10 network) do not train "
+                "data-parallel: each process would normalise its share of the "
+                "batch with statistics of its own. Fit it on one device."
+            )
         models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
         members = [
-            _member(est, m, inputs, settings, validation, previous, state, first=k == 0)
+            _member(est, m, inputs, settings, validation, previous, state, k == 0, rank)
             for k, (est, m) in enumerate(zip(estimators, models, strict=True))
         ]
         training = settings.training
@@ -109,6 +120,21 @@ def train_estimators(
             if result.failed_at is None:
                 _set_state(est, m, result, inputs, settings)
     return results
+
+
+#: Parameters that may differ between the processes of a data-parallel fit.
+_PER_PROCESS = ("device", "devices", "callbacks", "verbose", "resume_from")
+
+
+def _params_summary(estimator):
+    """A hash of the parameters every process of a data-parallel fit shares
+    (a custom network by its class: its weights are process 0's anyway)."""
+    params = {
+        name: type(value).__name__ if isinstance(value, torch.nn.Module) else value
+        for name, value in estimator.get_params(deep=False).items()
+        if name not in _PER_PROCESS
+    }
+    return joblib.hash(params)
 
 
 def _data_summary(inputs):
@@ -134,7 +160,9 @@ def _config_of(training, estimator):
     return replace(training, loss_weights=weights)
 
 
-def _member(estimator, model, inputs, settings, validation, previous, state, first):
+def _member(
+    estimator, model, inputs, settings, validation, previous, state, first, rank
+):
     """The engine's view of one estimator: its callbacks, built-in first."""
     training = settings.training
     callbacks = [History(validation is not None)]
@@ -148,7 +176,7 @@ def _member(estimator, model, inputs, settings, validation, previous, state, fir
                 training.tol,
             )
         )
-    if training.verbose and first:
+    if training.verbose and first and rank == 0:
         callbacks.append(ProgressBar(training.verbose))
     callbacks += check_callbacks(estimator.callbacks)
 

@@ -8,6 +8,8 @@ keeps its run in a :class:`~skassoc._run_store.RunStore` when it has one.
 import os
 import warnings
 
+import torch.distributed as dist
+
 from ._fitted import get_fitted_state, is_fitted
 from ._io._model_file import load_model, save_model
 from ._nn._networks import NETWORKS
@@ -106,6 +108,8 @@ def store_run(estimator, inputs, origin):
     store = estimator.resume_from
     if not isinstance(store, RunStore) or origin not in (None, "store"):
         return
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return  # a data-parallel fit's processes hold one run: process 0 keeps it
     path = store.path(estimator, inputs)
     try:
         if get_fitted_state(estimator).training_state is None:

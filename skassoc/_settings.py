@@ -27,6 +27,7 @@ from ._engine._augmentation import resolve_augmentation
 from ._engine._config import TrainingConfig, default_log_interval
 from ._engine._device import cpu_has_native_bf16, resolve_device
 from ._engine._loss_terms import active_terms, needs_of
+from ._engine._spawn import resolve_devices
 from ._inputs import UNLABELED
 from ._nn._image_format import check_image_size
 from ._nn._model import ModelSpec, is_builtin, spec_of_model
@@ -91,6 +92,20 @@ class FitSettings:
     class_prior: str | np.ndarray = "uniform"
 
 
+def fit_device(estimator):
+    """The device a fit of ``estimator`` trains on (in this process)."""
+    return resolve_device(_one_device(estimator) or estimator.device)
+
+
+def _one_device(estimator):
+    """The device of ``devices`` when it lists one (it overrides ``device``)."""
+    devices = getattr(estimator, "devices", None)
+    if devices is None:
+        return None
+    devices = resolve_devices(devices)
+    return devices[0] if len(devices) == 1 else None
+
+
 def fit_seed(random_state):
     """The seed of torch's generators (and of the validation split) for a fit."""
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
@@ -116,7 +131,7 @@ def resolve_fit_settings(estimator, inputs, previous=None, seed=None):
     ValueError
         If parameters contradict each other or the data.
     """
-    device = resolve_device(estimator.device)
+    device = fit_device(estimator)
     _check_hidden_layer_sizes(estimator.hidden_layer_sizes)
     _check_image_options(estimator, inputs.image_shape)
     spec = _model_spec(estimator, inputs)

@@ -16,6 +16,7 @@ import torch
 from sklearn.datasets import make_blobs
 
 from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._engine._loop import NonFiniteLossError
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is missing"
@@ -184,7 +185,8 @@ def test_a_failing_worker_raises_in_the_caller_and_changes_nothing(
     clf = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=5).fit(X, y)
     weights = [t.clone() for t in clf.model_.state_dict().values()]
     clf.set_params(devices=["cpu", "cpu"], learning_rate=1e30, max_iter=30)
-    with pytest.raises(RuntimeError, match="NaN or infinite"):
+    # The processes' own error, as one process raises it.
+    with pytest.raises(NonFiniteLossError, match="NaN or infinite"):
         clf.fit(X, y)
     assert all(
         torch.equal(a, b) for a, b in zip(weights, clf.model_.state_dict().values())
@@ -206,3 +208,32 @@ def test_bad_devices_are_refused_before_any_process_starts(
     clf = SemiSupervisedAssociationClassifier(**PARAMS, devices=devices)
     with pytest.raises(ValueError, match=match):
         clf.fit(X, y)
+
+
+def test_devices_sends_what_one_process_would_fit(tmp_path):
+    """String labels, a DataFrame's names and early stopping without a seed
+    reach the processes; a sliced memory map trains on its own rows."""
+    pandas = pytest.importorskip("pandas")
+    X, y = make_blobs(160, centers=3, n_features=5, random_state=0)
+    y = np.array(["a", "b", "c"], dtype="<U2")[y]
+    y[30:] = "-1"
+    frame = pandas.DataFrame(X, columns=[f"f{k}" for k in range(5)])
+    params = {**PARAMS, "max_iter": 20, "random_state": None, "early_stopping": True}
+    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+    clf.fit(frame, y)
+    assert list(clf.classes_) == ["a", "b", "c"]
+    assert list(clf.feature_names_in_) == list(frame.columns)
+
+    path = tmp_path / "X.dat"
+    whole = np.memmap(path, dtype=np.float32, mode="w+", shape=(170, 5))
+    whole[10:] = X
+    whole.flush()
+    sliced = np.memmap(path, dtype=np.float32, mode="r", shape=(170, 5))[10:]
+    params = {**PARAMS, "max_iter": 20}
+    spread = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+    one = SemiSupervisedAssociationClassifier(**params)
+    np.testing.assert_allclose(
+        spread.fit(sliced, y).predict_proba(X),
+        one.fit(X.astype(np.float32), y).predict_proba(X),
+        atol=1e-5,
+    )

@@ -257,6 +257,8 @@ class _Loop:
                 "raised in another process of the group (its error is raised "
                 "there)."
             )
+            # devices=[...] raises the original error, not this one.
+            error.from_another_process = True
         run.stop_requested = stop
         return error
 

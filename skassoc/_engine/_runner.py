@@ -277,21 +277,20 @@ def agreed_seed(seed, group):
     return shared[0]
 
 
-def check_same_data(summary, group):
-    """Refuse processes that were given different training data.
+def check_same_everywhere(summary, group, what):
+    """Refuse processes whose ``summary`` differs from process 0's.
 
-    ``summary`` is a small picklable description of a process's data (its
-    shape and hashes); every process of a data-parallel fit must pass the
-    same ``X`` and ``y``.
+    ``summary`` is a small picklable description (shapes and hashes) of
+    ``what`` every process of a data-parallel fit must share.
     """
     summaries = [None] * dist.get_world_size(group)
     dist.all_gather_object(summaries, summary, group=group)
     differing = [rank for rank, other in enumerate(summaries) if other != summaries[0]]
     if differing:
         raise ValueError(
-            "The processes of this data-parallel fit were given different "
-            f"training data (processes {differing} differ from process 0). "
-            "Under torchrun every process calls fit with the same X and y; "
-            "to fit different data in each process, fit outside the process "
-            "group (torch.distributed.destroy_process_group())."
+            f"The processes of this data-parallel fit were given different "
+            f"{what} (processes {differing} differ from process 0). Under "
+            f"torchrun every process calls fit with the same {what}; to fit "
+            "each process on its own, fit outside the process group "
+            "(torch.distributed.destroy_process_group())."
         )

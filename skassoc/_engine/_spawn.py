@@ -3,16 +3,21 @@
 With ``devices=[...]`` the estimator starts one process per device (torch's
 ``spawn`` start method), joins them into a process group (NCCL for GPUs,
 gloo for CPUs) and has each call ``fit`` on the same data, which trains
-data-parallel (see :class:`~skassoc._engine._runner.DeviceRunner`). Process
-0 sends its fitted estimator back; the caller's estimator takes its fitted
-state, as if it had trained in one process. The training arrays travel in
-shared memory (each process maps them; a memory map is opened again by
-name), so the data is not copied once per process.
+data-parallel (see :class:`~skassoc._engine._runner.DeviceRunner`). Every
+process writes its outcome (its fitted estimator and the error it raised,
+if any) to a file of this fit's own temporary folder; the caller's estimator
+takes process 0's fitted state, as if it had trained in one process, then
+raises the error a process raised (a Ctrl-C or a callback's error keeps the
+model of the steps completed, as in one process). Numeric arrays travel in
+shared memory, a whole memory map by its file name, anything else pickled.
 """
 
+import mmap
+import multiprocessing
 import os
 import pickle
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -20,6 +25,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = ["resolve_devices", "fit_on_devices"]
+
+# After a Ctrl-C, the workers finish their step and keep their model: they
+# get this long before they are stopped.
+_INTERRUPT_GRACE_SECONDS = 60
 
 
 def resolve_devices(devices):
@@ -39,23 +48,7 @@ def resolve_devices(devices):
                 "Leave devices=None, or list CPU devices (devices=['cpu', 'cpu'])."
             )
         return [torch.device("cuda", k) for k in range(count)]
-    resolved = []
-    for device in devices:
-        device = torch.device("cuda", device) if isinstance(device, int) else device
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(
-                f"devices holds {device!r}, no device torch knows."
-            ) from exc
-        if device.type == "cuda" and device.index is None:
-            raise ValueError("devices lists GPUs by index: 0, 1, ... or 'cuda:0'.")
-        if device.type == "cuda" and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"devices holds {device}, but this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s)."
-            )
-        resolved.append(device)
+    resolved = [_device_of(device) for device in devices]
     types = {device.type for device in resolved}
     if len(types) != 1 or types - {"cpu", "cuda"}:
         raise ValueError(
@@ -67,16 +60,46 @@ def resolve_devices(devices):
     return resolved
 
 
-def _shared(array):
-    """``array`` for the workers: a memory map by its file, else in shared memory."""
-    if array is None:
+def _device_of(device):
+    device = torch.device("cuda", device) if isinstance(device, int) else device
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"devices holds {device!r}, no device torch knows.") from exc
+    if device.type == "cuda" and device.index is None:
+        raise ValueError("devices lists GPUs by index: 0, 1, ... or 'cuda:0'.")
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"devices holds {device}, but this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s)."
+        )
+    return device
+
+
+def _shared(value):
+    """``value`` for the workers: a whole memory map by its file, a numeric
+    array in shared memory, anything else (a DataFrame, strings) pickled."""
+    if value is None:
         return None
-    if isinstance(array, np.memmap) and array.filename is not None:
-        return ("memmap", array.filename, array.dtype.str, array.shape, array.offset)
-    array = np.asarray(array)
-    if array.dtype == object or not array.dtype.isnative:
-        return ("pickle", array)
-    return ("shared", torch.from_numpy(np.ascontiguousarray(array)).share_memory_())
+    if (
+        isinstance(value, np.memmap)
+        and isinstance(value.base, mmap.mmap)
+        and value.flags.c_contiguous
+    ):
+        # The memory map as opened (not a slice or a view of one, which would
+        # need its own offset): each worker opens the file itself.
+        return ("memmap", value.filename, value.dtype.str, value.shape, value.offset)
+    if (
+        isinstance(value, np.ndarray)
+        and value.dtype.kind in "biuf"
+        and value.dtype.isnative
+    ):
+        # One copy, into shared memory (a read-only array is never viewed).
+        dtype = torch.from_numpy(np.empty(0, dtype=value.dtype)).dtype
+        shared = torch.empty(value.shape, dtype=dtype).share_memory_()
+        shared.numpy()[...] = value
+        return ("shared", shared)
+    return ("pickle", value)
 
 
 def _unshared(entry):
@@ -91,86 +114,150 @@ def _unshared(entry):
     return rest[0].numpy()
 
 
-def fit_on_devices(estimator, devices, X, y, fit_params):
-    """Fit ``estimator`` data-parallel on ``devices``; process 0's fitted copy.
-
-    Raises
-    ------
-    RuntimeError
-        If a worker process fails: its error and traceback are in the
-        message, and the other workers are stopped.
-    """
-    backend = "nccl" if devices[0].type == "cuda" else "gloo"
-    data = [_shared(X), _shared(y)]
-    fit_params = {name: _shared(value) for name, value in fit_params.items()}
-    with tempfile.TemporaryDirectory() as folder:
-        rendezvous = os.path.join(folder, "rendezvous")
-        # A file, not a queue: a queue's pipe fills up with a large model,
-        # and the process writing it would never exit.
-        result = os.path.join(folder, "fitted.pickle")
-        processes = mp.start_processes(
-            _worker,
-            args=(
-                estimator,
-                [str(d) for d in devices],
-                backend,
-                rendezvous,
-                data,
-                fit_params,
-                result,
-            ),
-            nprocs=len(devices),
-            join=False,
-            start_method="spawn",
+def _check_start_method():
+    """Refuse to start workers from inside a loky worker (a search's
+    ``n_jobs``): its processes cannot spawn processes of their own."""
+    if multiprocessing.get_start_method(allow_none=True) == "loky":
+        raise RuntimeError(
+            "devices=[...] starts processes of its own, which a loky worker "
+            "(GridSearchCV or cross_validate with n_jobs) cannot do. Run the "
+            "search with n_jobs=1, or under joblib's Dask backend with a "
+            "worker per GPU and devices=None."
         )
-        try:
-            while not processes.join():
-                pass
-        except mp.ProcessRaisedException as exc:
-            raise RuntimeError(
-                f"A worker process of the fit on {len(devices)} devices failed; "
-                f"the estimator is left as it was. The worker's error:\n{exc}"
-            ) from None
-        except mp.ProcessExitedException as exc:
-            raise RuntimeError(
-                f"A worker process of the fit on {len(devices)} devices died "
-                f"({exc}); the estimator is left as it was."
-            ) from None
-        except BaseException:
-            for process in processes.processes:
-                if process.is_alive():
-                    process.terminate()
-            raise
-        with open(result, "rb") as handle:
-            # Written by this fit's own worker a moment ago.
-            return pickle.load(handle)
 
 
-def _worker(rank, estimator, devices, backend, rendezvous, data, fit_params, result):
-    """One process of the group: fit, and from process 0 send the result."""
+def fit_on_devices(estimator, devices, X, y, fit_params):
+    """Fit ``estimator`` data-parallel on ``devices``.
+
+    Returns
+    -------
+    fitted : SemiSupervisedAssociationClassifier
+        Process 0's estimator (fitted, or as it was if its fit failed).
+    error : BaseException or None
+        What a process raised: the original error (a callback's, a Ctrl-C,
+        a NaN loss), not its peers' "another process raised".
+    """
+    _check_start_method()
+    backend = "nccl" if devices[0].type == "cuda" else "gloo"
+    shared = ([_shared(X), _shared(y)], {k: _shared(v) for k, v in fit_params.items()})
+    with tempfile.TemporaryDirectory() as folder:
+        args = (
+            # Bytes, unpickled in the worker: an estimator the worker cannot
+            # rebuild (a callback of a notebook's __main__) fails there,
+            # with its traceback in the caller's error.
+            pickle.dumps(estimator),
+            [str(d) for d in devices],
+            backend,
+            folder,
+            shared,
+        )
+        processes = mp.start_processes(
+            _worker, args=args, nprocs=len(devices), join=False, start_method="spawn"
+        )
+        _join(processes, len(devices))
+        outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
+    fitted = outcomes[0][0]
+    errors = [error for _, error in outcomes if error is not None]
+    original = [e for e in errors if not getattr(e, "from_another_process", False)]
+    return fitted, (original or errors or [None])[0]
+
+
+def _join(processes, n_devices):
+    """Wait for the workers; on a Ctrl-C, let them keep their models first."""
+    try:
+        while not processes.join():
+            pass
+    except KeyboardInterrupt:
+        # The terminal sent the workers the Ctrl-C too: they stop between
+        # steps and write their models.
+        deadline = time.monotonic() + _INTERRUPT_GRACE_SECONDS
+        for process in processes.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        _stop(processes)
+    except mp.ProcessRaisedException as exc:
+        _stop(processes)
+        raise RuntimeError(
+            f"A worker process of the fit on {n_devices} devices failed; the "
+            f"estimator is left as it was. The worker's error:\n{exc}"
+        ) from None
+    except mp.ProcessExitedException as exc:
+        _stop(processes)
+        raise RuntimeError(
+            f"A worker process of the fit on {n_devices} devices died ({exc}); "
+            "the estimator is left as it was."
+        ) from None
+    except BaseException:
+        _stop(processes)
+        raise
+
+
+def _stop(processes):
+    for process in processes.processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes.processes:
+        process.join()
+
+
+def _outcome(folder, rank):
+    """What worker ``rank`` wrote: (estimator, error); a missing file (a
+    worker stopped before it could write) counts as a failure."""
+    path = os.path.join(folder, f"outcome{rank}.pickle")
+    if not os.path.isfile(path):
+        return None, RuntimeError(
+            f"Worker process {rank} of the fit on several devices ended without "
+            "its result; the estimator is left as it was."
+        )
+    with open(path, "rb") as handle:
+        # Written by this fit's own worker, in this fit's own folder.
+        worker, error = pickle.load(handle)
+    try:
+        error = pickle.loads(error)
+    except Exception as exc:  # noqa: BLE001 -- a class this process lacks
+        error = RuntimeError(f"Worker process {rank} raised an error: {exc!r}")
+    return (pickle.loads(worker) if worker is not None else None), error
+
+
+def _worker(rank, estimator, devices, backend, folder, shared):
+    """One process of the group: fit, then write the outcome."""
     device = torch.device(devices[rank])
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
         # The parent's thread rule, once per process (see _device.FIT_THREADS).
         torch.set_num_threads(1)
+    worker = pickle.loads(estimator).set_params(devices=None, device=str(device))
+    (X, y), params = [_unshared(e) for e in shared[0]], shared[1]
+    params = {name: _unshared(value) for name, value in params.items()}
     dist.init_process_group(
         backend,
-        init_method=f"file://{rendezvous}",
+        init_method="file://" + os.path.join(folder, "rendezvous"),
         rank=rank,
         world_size=len(devices),
     )
+    error = None
     try:
-        worker = estimator.set_params(devices=None, device=str(device))
-        X, y = (_unshared(entry) for entry in data)
-        params = {name: _unshared(value) for name, value in fit_params.items()}
         worker.fit(X, y, **params)
-        if rank == 0:
-            with open(result, "wb") as handle:
-                pickle.dump(worker, handle)
+    except BaseException as exc:  # noqa: BLE001 -- written for the caller
+        error = exc
     finally:
         dist.destroy_process_group()
+    _write_outcome(folder, rank, worker, error)
     # gloo's threads can abort the interpreter's teardown ("terminate called
     # without an active exception"), which the caller would take for a
-    # failure: the work is done and written, so the process ends here.
+    # failure: the outcome is written, so the process ends here.
     os._exit(0)
+
+
+def _write_outcome(folder, rank, worker, error):
+    """Process 0's estimator and every process's error, pickled apart: the
+    caller may lack an error's class (a callback's, from a notebook)."""
+    try:
+        error = pickle.dumps(error)
+    except Exception:  # noqa: BLE001 -- sent as text instead
+        error = pickle.dumps(RuntimeError(repr(error)))
+    payload = pickle.dumps((pickle.dumps(worker) if rank == 0 else None, error))
+    path = os.path.join(folder, f"outcome{rank}.pickle")
+    with open(path + ".part", "wb") as handle:
+        handle.write(payload)
+    os.replace(path + ".part", path)

@@ -31,7 +31,12 @@ from ._augmentation import augmentation_module
 from ._ema import WeightAverage
 from ._loss_terms import ClassFrequencies, StepLoss, active_terms, needs_of
 
-__all__ = ["AssociationStep", "association_scale", "embedding_chunk_size"]
+__all__ = [
+    "AssociationStep",
+    "association_scale",
+    "embedding_chunk_size",
+    "has_batch_norm",
+]
 
 
 def association_scale(step_count, config):
@@ -56,11 +61,16 @@ def embedding_chunk_size(model, config):
     which is never chunked: its batch statistics would change with the
     chunking (see :meth:`AssociationStep.embed`).
     """
-    has_batch_norm = any(
+    return None if has_batch_norm(model) else config.embedding_chunk_size
+
+
+def has_batch_norm(model):
+    """Whether ``model`` normalises with batch statistics (they change with
+    the rows a pass sees: chunks, or a process's share)."""
+    return any(
         isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
         for module in model.modules()
     )
-    return None if has_batch_norm else config.embedding_chunk_size
 
 
 def step_batch_layout(config, device, embedder):
