@@ -404,9 +404,14 @@ class SemiSupervisedAssociationClassifier(
         ``"cpu"`` entries for CPU processes), each embeds its share of every
         step's batch, and the estimator gets the model that one process
         would train on the whole batch (up to float rounding). ``"all"``:
-        every GPU. Overrides ``device``. Callbacks run in the processes (on
-        copies). Under ``torchrun`` leave it None: a fit in a process of an
-        initialized ``torch.distributed`` group trains with the group.
+        every GPU. Overrides ``device`` (one device: the fit runs here, on
+        it). Callbacks run in the processes (on copies). Numeric arrays are
+        copied once into shared memory (``/dev/shm``, which containers may
+        keep small; a memory map is opened by each process instead).
+        Networks with batch norm are refused. Under ``torchrun`` leave it
+        None: a fit in a process of an initialized ``torch.distributed``
+        group trains with the group. ``StackedGridSearchCV`` trains its
+        folds' candidates in one process (its refit uses ``devices``).
     resume_from : str, os.PathLike or RunStore, default=None
         Where ``fit`` starts from. A path: the model file (a checkpoint, see
         :class:`~skassoc.callbacks.Checkpoint`) whose run it continues, or
