@@ -53,6 +53,11 @@ class RaiseAt(Callback):
             raise self.error
 
 
+class FailsAtBegin(Callback):
+    def on_fit_begin(self, run):
+        raise RuntimeError("no writer")
+
+
 def _weights(clf):
     return [t.clone() for t in clf.model_.state_dict().values()]
 
@@ -167,10 +172,6 @@ def test_a_callback_that_raises_keeps_the_model_of_the_steps_completed(
 def test_a_callback_that_raises_before_training_changes_nothing(
     fast_params, blobs_semi
 ):
-    class FailsAtBegin(Callback):
-        def on_fit_begin(self, run):
-            raise RuntimeError("no writer")
-
     X, y = blobs_semi
     clf = SemiSupervisedAssociationClassifier(**fast_params).fit(X, y)
     weights = _weights(clf)
@@ -372,10 +373,6 @@ def test_a_ctrl_c_in_on_fit_end_keeps_the_trained_model(fast_params, blobs_semi)
 def test_every_begun_callback_ends_when_a_later_one_fails_to_begin(
     fast_params, blobs_semi
 ):
-    class FailsAtBegin(Callback):
-        def on_fit_begin(self, run):
-            raise RuntimeError("no writer")
-
     X, y = blobs_semi
     recorder = Recorder()
     clf = SemiSupervisedAssociationClassifier(

@@ -72,16 +72,21 @@ class TrainingRun:
         The step of the weights early stopping put back (``on_fit_end``).
     """
 
-    def __init__(self, estimator, model, max_iter, history, hooks):
+    def __init__(
+        self, estimator, model, max_iter, history, hooks, step=0, loss_names=()
+    ):
         self.estimator = estimator
         self.model = model
         self.max_iter = max_iter
         self.history = history
-        self.step = 0
+        self.step = step
+        self.loss_names = tuple(loss_names)
         self.losses = {}
         self.learning_rate = float("nan")
         self.interrupted = False
         self.stop_requested = False
+        self.failed = False
+        self.best_step = None
         self._hooks = hooks
 
     def stop(self):

@@ -77,9 +77,6 @@ class TrainingResult:
     history : dict
     interrupted : bool
         Ended early by a Ctrl-C or an error in a callback.
-    stopped : bool
-        Ended early at its own request (early stopping, a callback's
-        ``run.stop()``).
     best_step : int or None
         The step of the weights early stopping kept.
     failed_at : int or None
@@ -94,7 +91,6 @@ class TrainingResult:
     n_iter: int
     history: dict
     interrupted: bool = False
-    stopped: bool = False
     best_step: int | None = None
     failed_at: int | None = None
     training_state: TrainingState | None = None
@@ -175,14 +171,15 @@ class _Loop:
         if member.snapshot is not None:
             hooks["snapshot"] = member.snapshot
         history = {name: list(values) for name, values in member.history.items()}
-        run = TrainingRun(
-            member.estimator, self.step.models[k], self.config.max_iter, history, hooks
+        return TrainingRun(
+            member.estimator,
+            self.step.models[k],
+            self.config.max_iter,
+            history,
+            hooks,
+            step=self.start,
+            loss_names=self.step.loss_names,
         )
-        run.step = self.start
-        run.loss_names = self.step.loss_names
-        run.best_step = None
-        run.failed = False
-        return run
 
     def _state_now(self, k):
         """Model ``k``'s training state: captured now, or at the end of
@@ -411,7 +408,6 @@ class _Loop:
             n_iter=run.step,
             history=run.history,
             interrupted=self.interrupted,
-            stopped=run.stop_requested,
             best_step=run.best_step,
             failed_at=self.failed.get(k),
             training_state=state,

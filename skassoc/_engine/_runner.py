@@ -147,10 +147,9 @@ class DeviceRunner:
         Consecutive shares in process order (their sizes differ by one at
         most), so that :meth:`gather_rows` puts the batch back in order.
         """
-        sizes = [
-            len(part)
-            for part in torch.tensor_split(torch.empty(len(x)), self.world_size)
-        ]
+        # As torch.tensor_split shares rows: the first ones take one more.
+        base, extra = divmod(len(x), self.world_size)
+        sizes = [base + (rank < extra) for rank in range(self.world_size)]
         start = sum(sizes[: self.rank])
         return x[start : start + sizes[self.rank]], sizes
 

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .._io._atomic import write_atomically
+
 __all__ = ["resolve_devices", "fit_on_devices"]
 
 # After a Ctrl-C, the workers finish their step and keep their model: they
@@ -258,6 +260,4 @@ def _write_outcome(folder, rank, worker, error):
         error = pickle.dumps(RuntimeError(repr(error)))
     payload = pickle.dumps((pickle.dumps(worker) if rank == 0 else None, error))
     path = os.path.join(folder, f"outcome{rank}.pickle")
-    with open(path + ".part", "wb") as handle:
-        handle.write(payload)
-    os.replace(path + ".part", path)
+    write_atomically(path, lambda handle: handle.write(payload), "worker outcomes")
