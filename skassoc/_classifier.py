@@ -677,7 +677,7 @@ class SemiSupervisedAssociationClassifier(
             inputs, validation = hold_out_validation(
                 inputs, self.validation_fraction, seed
             )
-        previous, origin, settings = self._start(inputs, seed)
+        start, settings = self._start(inputs, seed)
         if self.verbose:
             # Where the progress bar goes.
             tqdm.write(describe_settings(settings), file=sys.stderr)
@@ -685,13 +685,13 @@ class SemiSupervisedAssociationClassifier(
             [self],
             inputs,
             settings,
-            previous=previous,
+            previous=start.previous,
             validation=validation,
             loss_weights=classification_weights(self.class_weight, inputs),
         )
         if result.failed_at is not None:
             raise NonFiniteLossError(non_finite_message(result.failed_at))
-        store_run(self, inputs, origin)
+        store_run(self, start)
         if result.error is not None:
             # The model of the steps completed is kept (as after a Ctrl-C).
             raise result.error
@@ -724,18 +724,16 @@ class SemiSupervisedAssociationClassifier(
         return seed if group is None else agreed_seed(seed, group)
 
     def _start(self, inputs, seed):
-        """Where this fit starts: the fitted state it starts from (None: a new
-        network), that state's origin (see ``previous_run``) and the fit's
-        settings."""
-        previous, origin = previous_run(self, inputs)
-        settings = resolve_fit_settings(self, inputs, previous, seed)
-        if origin == "store" and (
-            continued_run(previous, settings.training.max_iter) is None
+        """Where this fit starts (see ``previous_run``), and its settings."""
+        start = previous_run(self, inputs)
+        settings = resolve_fit_settings(self, inputs, start.previous, seed)
+        if start.origin == "store" and (
+            continued_run(start.previous, settings.training.max_iter) is None
         ):
             # The store's run has its steps: this fit trains from scratch.
-            previous, origin = None, None
+            start = start._replace(previous=None, origin=None)
             settings = resolve_fit_settings(self, inputs, None, seed)
-        return previous, origin, settings
+        return start, settings
 
     def _initial_model(self, inputs, settings, previous):
         """The model training starts from, on the training device."""

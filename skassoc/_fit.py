@@ -25,7 +25,6 @@ from ._engine._device import seeded_rng, torch_threads
 from ._engine._loop import Member, train
 from ._engine._runner import (
     DeviceRunner,
-    agreed_seed,
     check_same_everywhere,
     training_group,
 )
@@ -86,8 +85,8 @@ def train_estimators(
     group = training_group(device) if len(estimators) == 1 else None
     if group is not None:
         check_same_everywhere(_params_summary(estimators[0]), group, "parameters")
+        # (fit agreed on the seed before its validation split.)
         check_same_everywhere(_data_summary(inputs), group, "training data")
-        settings = replace(settings, seed=agreed_seed(settings.seed, group))
     # One progress bar for a data-parallel fit: process 0's.
     rank = 0 if group is None else torch.distributed.get_rank(group)
     state = continued_run(previous, settings.training.max_iter)
@@ -178,7 +177,7 @@ def _member(
         )
     if training.verbose and first and rank == 0:
         callbacks.append(ProgressBar(training.verbose))
-    callbacks += check_callbacks(estimator.callbacks)
+    callbacks += list(estimator.callbacks or ())  # checked by train_estimators
 
     def snapshot(run):
         return _snapshot(estimator, run, inputs, settings)
@@ -193,17 +192,14 @@ def _snapshot(estimator, run, inputs, settings):
         model = copy.deepcopy(run.model)
     model.eval()
     fitted = clone(estimator)
-    state = FittedState(
-        model=model,
-        classes=inputs.classes,
-        class_prior=estimator._fitted_class_prior(model, inputs, settings),
-        input_shape=inputs.image_shape,
-        network=settings.spec.network,
-        n_features_in=inputs.n_features,
-        feature_names_in=inputs.feature_names,
+    class_prior = estimator._fitted_class_prior(model, inputs, settings)
+    state = _fitted_state(
+        model,
+        class_prior,
+        inputs,
+        settings,
         n_iter=run.step,
         history=copy.deepcopy(run.history),
-        device=settings.device,
         training_state=run.training_state(),
     )
     set_fitted_state(fitted, state)
@@ -219,23 +215,33 @@ def _set_state(estimator, model, result, inputs, settings):
         # Training has ended: its model is kept, with equal frequencies.
         class_prior = uniform_prior(len(inputs.classes))
         prior_interrupted = True
-    set_fitted_state(
-        estimator,
-        FittedState(
-            model=model,
-            classes=inputs.classes,
-            class_prior=class_prior,
-            input_shape=inputs.image_shape,
-            network=settings.spec.network,
-            n_features_in=inputs.n_features,
-            feature_names_in=inputs.feature_names,
-            n_iter=result.n_iter,
-            history=result.history,
-            device=settings.device,
-            training_state=result.training_state,
-        ),
+    state = _fitted_state(
+        model,
+        class_prior,
+        inputs,
+        settings,
+        n_iter=result.n_iter,
+        history=result.history,
+        training_state=result.training_state,
     )
+    set_fitted_state(estimator, state)
     result.prior_interrupted = prior_interrupted
+
+
+def _fitted_state(model, class_prior, inputs, settings, **run):
+    """The :class:`FittedState` of a trained ``model``; ``run`` gives its
+    ``n_iter``, ``history`` and ``training_state``."""
+    return FittedState(
+        model=model,
+        classes=inputs.classes,
+        class_prior=class_prior,
+        input_shape=inputs.image_shape,
+        network=settings.spec.network,
+        n_features_in=inputs.n_features,
+        feature_names_in=inputs.feature_names,
+        device=settings.device,
+        **run,
+    )
 
 
 def interruption(result, config):

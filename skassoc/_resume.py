@@ -7,39 +7,51 @@ keeps its run in a :class:`~skassoc._run_store.RunStore` when it has one.
 
 import os
 import warnings
+from pathlib import Path
+from typing import NamedTuple
 
 import torch.distributed as dist
 
 from ._fitted import get_fitted_state, is_fitted
 from ._io._model_file import load_model, save_model
-from ._nn._networks import NETWORKS
 from ._run_store import RunStore
+from ._settings import is_builtin_network
 from ._utils import user_stacklevel
 
-__all__ = ["previous_run", "store_run"]
+__all__ = ["Start", "previous_run", "store_run"]
 
 
 def _unusable(estimator):
     """Why ``estimator``'s runs cannot be stored, or None."""
     if not isinstance(estimator.random_state, int):
         return "random_state is not an int"
-    if not isinstance(estimator.network, str) or (
-        estimator.network != "auto" and estimator.network not in NETWORKS
-    ):
+    if not is_builtin_network(estimator.network):
         return "its network is a custom module"
     return None
 
 
-def previous_run(estimator, inputs):
-    """The fitted state a fit of ``estimator`` starts from, and its origin.
+class Start(NamedTuple):
+    """Where a fit starts.
 
-    Returns
-    -------
+    Attributes
+    ----------
     previous : FittedState or None
-        None: a new network.
+        The fitted state it starts from; None: a new network.
     origin : {"estimator", "file", "store"} or None
         This estimator's own fit (``warm_start``), the model file of
         ``resume_from``, or the run of its store.
+    store_path : pathlib.Path or None
+        With a :class:`~skassoc._run_store.RunStore`, the file of this fit's
+        run (its key hashes all of ``X``: computed once a fit).
+    """
+
+    previous: object = None
+    origin: str | None = None
+    store_path: Path | None = None
+
+
+def previous_run(estimator, inputs):
+    """The :class:`Start` of a fit of ``estimator`` on ``inputs``.
 
     Raises
     ------
@@ -48,10 +60,10 @@ def previous_run(estimator, inputs):
         fit's runs.
     """
     if estimator.warm_start and is_fitted(estimator):
-        return get_fitted_state(estimator), "estimator"
+        return Start(get_fitted_state(estimator), "estimator")
     source = estimator.resume_from
     if source is None:
-        return None, None
+        return Start()
     if not isinstance(source, RunStore):
         if not os.path.isfile(source):
             raise ValueError(
@@ -59,10 +71,10 @@ def previous_run(estimator, inputs):
                 "a model file (a checkpoint), or leave resume_from=None."
             )
         loaded = load_model(type(estimator), source, device=estimator.device)
-        return get_fitted_state(loaded), "file"
+        return Start(get_fitted_state(loaded), "file")
     path = _prepared_path(source, estimator, inputs)
     if not path.is_file():
-        return None, None
+        return Start(store_path=path)
     try:
         loaded = load_model(type(estimator), path, device=estimator.device)
     except ValueError as exc:
@@ -73,17 +85,18 @@ def previous_run(estimator, inputs):
             UserWarning,
             stacklevel=user_stacklevel(),
         )
-        return None, None
-    return get_fitted_state(loaded), "store"
+        return Start(store_path=path)
+    return Start(get_fitted_state(loaded), "store", path)
 
 
 def _prepared_path(store, estimator, inputs):
     """The file of this fit's run in ``store``; the store checked to be usable
     before any training (a failure after it would waste the run)."""
-    if _unusable(estimator) is not None:
+    problem = _unusable(estimator)
+    if problem is not None:
         raise ValueError(
             f"resume_from={store!r} keeps runs as model files of fits with an "
-            f"int random_state and a built-in network, but {_unusable(estimator)}."
+            f"int random_state and a built-in network, but {problem}."
             " Set random_state to an int (and use a built-in network), or "
             "leave resume_from=None."
         )
@@ -98,19 +111,18 @@ def _prepared_path(store, estimator, inputs):
     return path
 
 
-def store_run(estimator, inputs, origin):
+def store_run(estimator, start):
     """Keep ``estimator``'s run (just fitted) in its ``resume_from`` store.
 
     Only a run of the parameters' own: one that started from scratch or from
     the store (a warm start from other data or a file would store a run that
     is not this fit's). A failure to write warns: the fit itself succeeded.
     """
-    store = estimator.resume_from
-    if not isinstance(store, RunStore) or origin not in (None, "store"):
+    store, path = estimator.resume_from, start.store_path
+    if path is None or start.origin not in (None, "store"):
         return
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return  # a data-parallel fit's processes hold one run: process 0 keeps it
-    path = store.path(estimator, inputs)
     try:
         if get_fitted_state(estimator).training_state is None:
             # Early stopping kept an earlier step's weights: nothing to continue.

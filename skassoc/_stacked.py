@@ -181,7 +181,7 @@ def fit_candidates(
             "Use it with GridSearchCV or HalvingGridSearchCV, or give "
             "resume_from a model file that every candidate starts from."
         )
-    previous, _ = previous_run(estimator, inputs)
+    previous = previous_run(estimator, inputs).previous
     settings = resolve_fit_settings(candidates[0], inputs, previous, seed)
     _check_same_consistency(candidates, inputs, settings)
     results = train_estimators(

@@ -56,8 +56,23 @@ WORKER = textwrap.dedent(
             if rank == 1 and run.step >= 10:
                 raise OSError("disk full on rank 1")
 
+    class RowsEmbedded(Callback):
+        # The rows this process embeds in each pass of its network.
+
+        def __init__(self):
+            self.rows = []
+
+        def on_fit_begin(self, run):
+            run.model.embedder.register_forward_pre_hook(
+                lambda module, args: self.rows.append(args[0].shape[0])
+            )
+
+    rows = RowsEmbedded()
     results = {}
-    first = SemiSupervisedAssociationClassifier(**params, max_iter=1).fit(X, y)
+    first = SemiSupervisedAssociationClassifier(
+        **params, max_iter=1, callbacks=[rows]
+    ).fit(X, y)
+    results["rows"] = rows.rows
     torch.save(first.training_state_.exp_avg, f"{out}/first{rank}.pt")
     fitted = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
     torch.save(fitted.model_.state_dict(), f"{out}/weights{rank}.pt")
@@ -132,6 +147,15 @@ def test_gradients_of_the_first_step_are_those_of_one_process(
             torch.testing.assert_close(moments[name], moment, rtol=1e-5, atol=1e-7)
 
 
+def test_each_process_embeds_its_share_of_the_batch(two_processes):
+    """Not the whole batch each: the shares differ by a row at most and add
+    up to the batch (labeled 3 x 3, unlabeled 31, its second view 31)."""
+    _, results = two_processes
+    shares = [results[rank]["rows"][0] for rank in range(2)]
+    assert sum(shares) == 3 * 3 + 2 * 31
+    assert abs(shares[0] - shares[1]) <= 1
+
+
 def test_the_processes_train_the_model_of_one_process(two_processes, blobs_for_workers):
     out, results = two_processes
     X, y = blobs_for_workers
@@ -196,9 +220,9 @@ def test_a_failing_worker_raises_in_the_caller_and_changes_nothing(
 @pytest.mark.parametrize(
     "devices, match",
     [
-        (["cpu", "mps"], "GPUs only or CPUs only"),
-        (["tpu"], "no device torch knows"),
-        ([99], "CUDA device"),
+        (["cpu", "mps"], "MPS backend is not available|GPUs only or CPUs only"),
+        (["tpu"], "not a device torch knows"),
+        ([99], "CUDA"),
     ],
 )
 def test_bad_devices_are_refused_before_any_process_starts(

@@ -104,7 +104,7 @@ def test_stacked_convolutional_network(digits):
     )
     estimator = SemiSupervisedAssociationClassifier(**params)
     fitted = fit_candidates(estimator, CANDIDATES[:2], X, y)
-    for candidate, stacked in zip(CANDIDATES, fitted):
+    for candidate, stacked in zip(CANDIDATES[:2], fitted, strict=True):
         separate = SemiSupervisedAssociationClassifier(**params, **candidate).fit(X, y)
         np.testing.assert_allclose(
             stacked.predict_proba(X), separate.predict_proba(X), atol=1e-4
@@ -151,7 +151,7 @@ def test_stacked_candidates_continue_a_fitted_estimators_run(blobs, fast_params)
     estimator = SemiSupervisedAssociationClassifier(**params).fit(X, y)
     estimator.set_params(warm_start=True, max_iter=40)
     fitted = fit_candidates(estimator, CANDIDATES[:2], X, y)
-    for candidate, stacked in zip(CANDIDATES, fitted):
+    for candidate, stacked in zip(CANDIDATES[:2], fitted, strict=True):
         separate = SemiSupervisedAssociationClassifier(**params).fit(X, y)
         separate.set_params(warm_start=True, max_iter=40, **candidate).fit(X, y)
         assert stacked.n_iter_ == separate.n_iter_ == 40
@@ -376,7 +376,7 @@ def test_stacked_on_gpu(blobs, fast_params, stacking):
     params = {**fast_params, "device": "cuda", "max_iter": 50, "precision": "fp32"}
     estimator = SemiSupervisedAssociationClassifier(**params)
     fitted = fit_candidates(estimator, CANDIDATES, X, y, stacking=stacking)
-    for candidate, stacked in zip(CANDIDATES, fitted):
+    for candidate, stacked in zip(CANDIDATES, fitted, strict=True):
         separate = SemiSupervisedAssociationClassifier(**params, **candidate).fit(X, y)
         # Other kernels (grouped, batched): close, not equal to the bit.
         np.testing.assert_allclose(

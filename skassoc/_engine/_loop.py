@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._callback import TrainingRun, call_hook
-from ._optim import Optimization, parameter_groups, sigint_held_back
+from ._optim import Optimization, parameter_groups, sigint_deferred
 from ._state import TrainingState, capture_state, restore_states
 from ._step import AssociationStep
 
@@ -261,16 +261,20 @@ class _Loop:
 
     def _steps(self):
         runner, optimization = self.step.runner, self.step.optimization
-        while self.completed < self.config.max_iter and self.live:
-            # A Ctrl-C inside a step would keep a model, a generator or a
-            # sampler one step ahead of the steps counted: it is delivered
-            # between steps.
-            with sigint_held_back():
+        # A Ctrl-C inside a step would keep a model, a generator or a sampler
+        # one step ahead of the steps counted: it is raised between steps
+        # (one handler for the whole loop, none installed per step).
+        with sigint_deferred() as received:
+            while self.completed < self.config.max_iter and self.live:
+                if received:
+                    raise KeyboardInterrupt
                 runner.run(self.step)
                 self.completed += 1
-            if self._is_log_point():
-                self._log()
-            optimization.next_rate()
+                if self._is_log_point():
+                    self._log()
+                optimization.next_rate()
+            if received:
+                raise KeyboardInterrupt
 
     def _is_log_point(self):
         completed, config = self.completed, self.config
@@ -289,8 +293,10 @@ class _Loop:
         if not pending:
             return
         step = self.step
-        sums = step.loss_sum.tolist()
-        first_bad = step.first_nonfinite_step.tolist()
+        # One read back: each model's loss sums, then its first bad step.
+        read = torch.cat([step.loss_sum, step.first_nonfinite_step[:, None]], 1)
+        read = read.tolist()
+        sums, first_bad = [row[:-1] for row in read], [row[-1] for row in read]
         learning_rate = step.optimization.learning_rate
         for k in pending:
             if first_bad[k] >= 0:

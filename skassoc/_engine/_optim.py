@@ -23,6 +23,7 @@ __all__ = [
     "Optimization",
     "parameter_groups",
     "load_torch_dynamo",
+    "sigint_deferred",
     "sigint_held_back",
 ]
 
@@ -218,21 +219,31 @@ def _half_imported_modules():
 
 
 @contextlib.contextmanager
-def sigint_held_back():
-    """Deliver a Ctrl-C (SIGINT) that comes during the block when it ends."""
+def sigint_deferred():
+    """Record a Ctrl-C (SIGINT) during the block instead of raising it.
+
+    Yields the list the handler appends to: the caller raises
+    ``KeyboardInterrupt`` where it is safe (the training loop, between two
+    steps). Python runs signal handlers in the main thread only, so in
+    another thread (or under a handler set outside Python) nothing changes.
+    """
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if in_main_thread else None
-    if previous is None:
-        # Python runs signal handlers in the main thread only, so no other
-        # thread is interrupted; a handler set outside Python (None) cannot
-        # be put back.
-        yield
-        return
     received = []
+    if previous is None:
+        yield received
+        return
     signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     try:
-        yield
+        yield received
     finally:
         signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def sigint_held_back():
+    """Deliver a Ctrl-C (SIGINT) that comes during the block when it ends."""
+    with sigint_deferred() as received:
+        yield
+    if received:
+        signal.raise_signal(signal.SIGINT)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .._io._atomic import write_atomically
+from ._device import resolve_device
 
 __all__ = ["resolve_devices", "fit_on_devices"]
 
@@ -63,19 +64,12 @@ def resolve_devices(devices):
 
 
 def _device_of(device):
+    """One entry of ``devices``: an int is a GPU index; checked as ``device``."""
     device = torch.device("cuda", device) if isinstance(device, int) else device
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"devices holds {device!r}, no device torch knows.") from exc
-    if device.type == "cuda" and device.index is None:
+    resolved = resolve_device(device)
+    if resolved.type == "cuda" and resolved.index is None:
         raise ValueError("devices lists GPUs by index: 0, 1, ... or 'cuda:0'.")
-    if device.type == "cuda" and device.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"devices holds {device}, but this machine has "
-            f"{torch.cuda.device_count()} CUDA device(s)."
-        )
-    return device
+    return resolved
 
 
 def _shared(value):
