@@ -4,6 +4,7 @@ import copy
 import math
 import sys
 import warnings
+from numbers import Integral
 
 import numpy as np
 import torch
@@ -15,10 +16,18 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
-from sklearn.utils._param_validation import validate_parameter_constraints
-from sklearn.utils.validation import check_consistent_length, column_or_1d
+from sklearn.utils._param_validation import (
+    Interval,
+    validate_parameter_constraints,
+)
+from sklearn.utils.validation import (
+    check_consistent_length,
+    check_is_fitted,
+    column_or_1d,
+)
 from tqdm.auto import tqdm
 
+from ._diagnosis import fit_report, warn_if_suspect
 from ._engine._device import (
     autocast_context,
     cuda_rng_lock,
@@ -68,6 +77,8 @@ from ._settings import (
     resolve_predict_batch_size,
     step_memory_bytes,
 )
+from ._sparse import check_sparse_model, is_sparse
+from ._suggest import suggest_labels
 from ._utils import user_stacklevel
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
@@ -92,7 +103,8 @@ class SemiSupervisedAssociationClassifier(
 
     Parameters
     ----------
-    network : {"auto", "mnist", "svhn", "stl10", "small", "mlp"} or \
+    network : {"auto", "mnist", "svhn", "stl10", "small", "mlp", \
+            "sparse_mlp", "signal"} or \
             torch.nn.Module, default="auto"
         The embedding network. ``"mnist"``, ``"svhn"`` and ``"stl10"`` are the
         paper's convolutional networks, ``"small"`` a convolutional network
@@ -105,11 +117,21 @@ class SemiSupervisedAssociationClassifier(
         images of at least 8x8 pixels and the MLP for feature rows. A
         ``torch.nn.Module`` must map a batch of inputs (float32, shaped like
         ``X`` with image inputs as ``(n, c, h, w)``) to ``(n, embedding_dim)``
-        embeddings; it is copied, never trained in place.
+        embeddings; it is copied, never trained in place. ``"sparse_mlp"``,
+        which ``"auto"`` picks for a sparse ``X`` (and which takes dense rows
+        too), divides its inputs by the training rows' typical length, which
+        keeps zeros zero, and multiplies only the nonzero values into its
+        first layer (see the user guide's "Text and other sparse data").
+        ``"signal"``, which ``"auto"`` picks for signals (inputs one value
+        high, below), is a 1-D convolutional network that standardises each
+        channel and pools over time; it reads every axis of a sample but the
+        last as channels (see the user guide's "Time series and signals").
     input_shape : tuple of int, default=None
         ``(channels, height, width)`` or ``(height, width)`` of one image when
-        ``X`` holds images as flat rows. Leave None for feature vectors, or
-        when ``X`` is already ``(n, h, w)`` or ``(n, c, h, w)``.
+        ``X`` holds images as flat rows; ``(length,)`` (or ``(channels, 1,
+        length)``) of one signal, an image one value high. Leave None for
+        feature vectors, or when ``X`` is already ``(n, h, w)`` or ``(n, c,
+        h, w)`` (signals: ``(n, channels, 1, length)``).
     image_size : int or tuple of (int, int), default=None
         Resize images to this ``(height, width)`` (bilinear, antialiased) on
         the training device before the network, in ``fit`` and in
@@ -199,7 +221,9 @@ class SemiSupervisedAssociationClassifier(
     augmentation : "auto", None, "paper" or dict, default="auto"
         Random augmentation of the batches of every step, on the training
         device. ``"auto"`` adds feature noise (below) to feature vectors
-        that the built-in MLP embeds, and nothing to images. ``"paper"``:
+        that the built-in MLP embeds, the signal augmentation (below) to
+        signals that the ``"signal"`` network embeds, and nothing to images.
+        ``"paper"``:
         the paper's random affine warp of images (``I + 0.15 N(0, 1)``,
         translation ``2 N(0, 1)`` pixels) and a 7x7 Gaussian blur with
         probability 0.5. A dict overrides some of these settings:
@@ -222,6 +246,13 @@ class SemiSupervisedAssociationClassifier(
           standardised, over the square root of the number of features
           that vary, at most 1.5 (measured on random rows, see the user
           guide);
+        - ``shift_std``, ``warp_std``, ``scale_std``, ``noise_std``
+          (signals and the ``"signal"`` network only, with ``unlabeled``):
+          a shift by this fraction of the length, a smooth time warp whose
+          speed varies by this much, each channel scaled about its mean by
+          ``exp(scale_std N(0, 1))``, and Gaussian noise of this fraction
+          of each channel's spread; ``"auto"`` is 0.03, 0.1, 0.1 and 0.05,
+          both batches;
         - ``unlabeled``: True augments both batches (the default for
           images), False the labeled batch only, leaving the unlabeled
           samples as they are (the second copy of ``consistency_weight`` is
@@ -453,6 +484,14 @@ class SemiSupervisedAssociationClassifier(
         the step count, the moving average of the weights and the random
         streams, on the CPU. None when the fitted weights are not those of
         the run's last step (``early_stopping`` kept earlier ones).
+    fit_report_ : FitReport or None
+        What the fit says about itself, from its training data alone: a
+        verdict (``"suspect"`` when a class takes a markedly larger share
+        of the unlabeled samples than expected, which is how a style of one
+        class handed to another shows), its reasons and scores (see
+        :data:`~skassoc.REPORT_SCORES`). A suspect fit of at least 100
+        steps warns (:class:`~skassoc.FitReportWarning`). None for a model
+        file saved without it or a fit interrupted while computing it.
     validation_scores_ : list of float or None
         Validation accuracy at every validation of the last ``fit``
         (``history_["validation_score"]``); None when it measured none.
@@ -634,7 +673,9 @@ class SemiSupervisedAssociationClassifier(
             :class:`numpy.memmap`, or a view of one, is never copied: each
             step's batch is read from it (float ones are also scanned once,
             a few MiB at a time, for NaN and infinity); any other array is
-            copied to the training device once.
+            copied to the training device once. A sparse CSR or CSC matrix
+            (or array) stays sparse on the host, and each step's rows are
+            gathered from it (network ``"sparse_mlp"``).
         y : array-like of shape (n_samples,)
             Labels; ``-1`` marks an unlabeled sample. A ``y`` without ``-1``
             warns (unless ``unlabeled_pool="all"``): it is what a
@@ -701,6 +742,7 @@ class SemiSupervisedAssociationClassifier(
             # script must stop rather than score it as a finished fit.
             raise KeyboardInterrupt(interrupted)
         warn_if_labels_unlearned(result, len(inputs.classes), settings.training)
+        warn_if_suspect(self.fit_report_, self.n_iter_)
         return self
 
     def _fit_on_devices(self, devices, X, y, X_val, y_val, sample_weight):
@@ -779,6 +821,39 @@ class SemiSupervisedAssociationClassifier(
         ]
         return estimate_class_prior(np.concatenate(proba))
 
+    def _fit_report(self, model, inputs, settings):
+        """``fit_report_`` for the trained ``model`` (see ``_diagnosis``)."""
+        device = settings.device
+        precision = resolve_precision(self.precision, device, images=inputs.images)
+        batch_size = self._predict_batch_size(device)
+
+        def embed(indices):
+            # Gathered a batch at a time: a memory map is never read whole.
+            return np.concatenate(
+                [
+                    run_model(
+                        model,
+                        inputs.data[batch],
+                        device,
+                        precision,
+                        "embedding",
+                        batch_size,
+                    )
+                    for batch in np.split(
+                        indices, range(batch_size, len(indices), batch_size)
+                    )
+                ]
+            )
+
+        return fit_report(
+            embed,
+            model.logits,
+            inputs.encoded,
+            inputs.classes,
+            settings.class_prior,
+            settings.seed,
+        )
+
     @staticmethod
     def _formatted_sample(inputs, spec, device):
         """Two training samples as the embedder sees them."""
@@ -794,6 +869,11 @@ class SemiSupervisedAssociationClassifier(
             raise ValueError(
                 "X_val and y_val go together: pass both to measure the accuracy "
                 "on them during training, or neither."
+            )
+        if is_sparse(X_val) and not (inputs.sparse or self.network == "sparse_mlp"):
+            raise ValueError(
+                "X_val is sparse but X is dense: pass X_val in the form of X "
+                "(X_val.toarray()), or both sparse."
             )
         probe = unfitted_copy(self, n_features_in_=inputs.n_features)
         if inputs.feature_names is not None:
@@ -873,6 +953,8 @@ class SemiSupervisedAssociationClassifier(
         fitted = {"n_features_in_": state.n_features_in}
         if state.feature_names_in is not None:
             fitted["feature_names_in_"] = state.feature_names_in
+        if is_sparse(X):
+            check_sparse_model(state.network)
         data = inputs_like_training(unfitted_copy(self, **fitted), X, state.input_shape)
         precision = resolve_precision(
             self.precision, state.device, images=data.ndim == 4
@@ -978,6 +1060,53 @@ class SemiSupervisedAssociationClassifier(
             self.predict(_safe_indexing(X, labeled)),
             sample_weight=sample_weight,
         )
+
+    def suggest_labels(self, X, n_labels=10, *, y=None, random_state=None):
+        """Unlabeled samples whose labels should help this model most.
+
+        Regions of the unlabeled samples that no labeled sample lies in are
+        where a few-label fit goes wrong, confidently: a style of one class
+        handed to another. This clusters the samples' embeddings into as
+        many regions as there are labeled samples and new labels, and
+        returns the most typical sample of each region without a label,
+        the largest first, weighted up where the predicted class exceeds
+        its expected share (``fit_report_``) and where the walks from the
+        labeled samples rarely go. Label them and fit again.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, ...)
+            Samples, in the same form as in ``fit``; usually the training
+            samples.
+        n_labels : int, default=10
+            How many samples to suggest (fewer when ``X`` holds fewer
+            unlabeled ones).
+        y : array-like of shape (n_samples,), default=None
+            Labels as in ``fit`` (``-1`` unlabeled). The labeled samples
+            mark the regions already covered, and only unlabeled samples
+            are suggested. Without ``y`` every sample of ``X`` is a
+            candidate and no region counts as covered.
+        random_state : int, RandomState instance or None, default=None
+            Seeds the clustering.
+
+        Returns
+        -------
+        indices : ndarray of int
+            Indices into ``X`` of the suggested samples, in the order to
+            label them.
+
+        See Also
+        --------
+        skassoc.active.association_sampling : The same as a query strategy
+            of modAL's ``ActiveLearner``.
+        """
+        validate_parameter_constraints(
+            {"n_labels": [Interval(Integral, 1, None, closed="left")]},
+            {"n_labels": n_labels},
+            caller_name="suggest_labels",
+        )
+        check_is_fitted(self)
+        return suggest_labels(self, X, n_labels, y, random_state)
 
     def transform(self, X):
         """Embed samples with the trained network.
@@ -1129,6 +1258,9 @@ class SemiSupervisedAssociationClassifier(
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.three_d_array = True
+        # CSR and CSC rows train the "sparse_mlp" network (other formats are
+        # refused with advice).
+        tags.input_tags.sparse = True
         # The network computes in float32 whatever the input dtype.
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags

@@ -21,6 +21,7 @@ __all__ = [
     "auto_unlabeled_batch_size",
     "network_macs",
     "cpu_step_seconds",
+    "sparse_step_seconds",
     "auto_max_iter",
 ]
 
@@ -64,8 +65,17 @@ CONV_MACS_PER_SECOND_PER_WIDTH = 4.5e9
 #: The convolutions' rate stops growing with the image past this width: a
 #: 28x28 fit of the MNIST network ran at the rate of 16-pixel images.
 CONV_RATE_MAX_WIDTH = 16
+#: The rate of 1-D convolutions (the signal network's ``cpu_rate``), with
+#: native bf16, set so that the estimate matches the CPU time of fits of
+#: signals of 100 to 2,000 values on one thread of the benchmark's CPU.
+CONV1D_MACS_PER_SECOND = 5e10
 #: A CPU fit's budget of nominal seconds.
 BUDGET_SECONDS = 30.0
+#: Nominal seconds a step spends on each weight of the sparse network beyond
+#: its multiply-adds: every weight's gradient is dense (written whole by the
+#: backward pass) and Adam updates each one, so a wide first layer costs
+#: its size every step, however few values the batch holds.
+WEIGHT_UPDATE_SECONDS = 3e-9
 
 
 def auto_labeled_per_class(labeled_counts):
@@ -161,23 +171,62 @@ def cpu_step_seconds(network_name, input_shape, sample_macs, step_samples, bf16)
     network's class names (its ``cpu_rate``): ``MLP_MACS_PER_SECOND`` for
     ``"dense"`` layers (the MLP, which runs in float32 either way),
     ``CONV_MACS_PER_SECOND_PER_WIDTH`` times the image's geometric-mean side
-    (at most ``CONV_RATE_MAX_WIDTH``) for ``"conv"`` ones, halved without
-    native bf16 arithmetic (``bf16=False``).
+    (at most ``CONV_RATE_MAX_WIDTH``) for ``"conv"`` ones and
+    ``CONV1D_MACS_PER_SECOND`` for ``"conv1d"`` ones (signals), the
+    convolutions' rates halved without native bf16 arithmetic
+    (``bf16=False``).
     """
     cpu_rate = network_class(network_name, input_shape).cpu_rate
     if cpu_rate == "dense":
         rate = MLP_MACS_PER_SECOND
-    elif cpu_rate == "conv":
-        width = min(math.sqrt(math.prod(input_shape[1:])), CONV_RATE_MAX_WIDTH)
-        rate = CONV_MACS_PER_SECOND_PER_WIDTH * width
+    elif cpu_rate in ("conv", "conv1d"):
+        rate = CONV1D_MACS_PER_SECOND
+        if cpu_rate == "conv":
+            width = min(math.sqrt(math.prod(input_shape[1:])), CONV_RATE_MAX_WIDTH)
+            rate = CONV_MACS_PER_SECOND_PER_WIDTH * width
         if not bf16:
             rate /= 2
     else:
         raise ValueError(
             f"Network {network_name!r} has cpu_rate={cpu_rate!r}; "
-            "expected 'dense' or 'conv'."
+            "expected 'dense', 'conv' or 'conv1d'."
         )
     return STEP_SECONDS + 3 * sample_macs * step_samples / rate
+
+
+def sparse_step_seconds(
+    n_features, hidden_layer_sizes, embedding_dim, row_lengths, step_samples
+):
+    """Nominal seconds of one step of the sparse network on sparse rows.
+
+    A sparse batch is packed as wide as its longest row (see
+    ``skassoc._sparse``), so the first layer's multiply-adds are those of
+    ``step_samples`` rows of the length that the longest of that many random
+    rows reaches (the ``1 - 1 / step_samples`` quantile of ``row_lengths``);
+    the other layers' are dense. On top of :func:`cpu_step_seconds`'s model
+    of the multiply-adds, every weight costs ``WEIGHT_UPDATE_SECONDS``.
+
+    Parameters
+    ----------
+    n_features : int
+    hidden_layer_sizes : tuple of int
+    embedding_dim : int
+    row_lengths : ndarray of int
+        How many values each training row stores.
+    step_samples : int
+        Rows embedded in a step.
+    """
+    widths = [*hidden_layer_sizes, embedding_dim]
+    dense_macs = sum(a * b for a, b in zip(widths[:-1], widths[1:]))
+    width = (
+        np.quantile(row_lengths, 1 - 1 / max(step_samples, 2))
+        if len(row_lengths)
+        else 1
+    )
+    sample_macs = max(1.0, float(width)) * widths[0] + dense_macs
+    n_weights = n_features * widths[0] + dense_macs
+    macs_seconds = 3 * sample_macs * step_samples / MLP_MACS_PER_SECOND
+    return STEP_SECONDS + macs_seconds + WEIGHT_UPDATE_SECONDS * n_weights
 
 
 def auto_max_iter(n_unlabeled, unlabeled_batch_size, step_seconds=None, device="cpu"):

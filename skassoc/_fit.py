@@ -208,13 +208,18 @@ def _snapshot(estimator, run, inputs, settings):
 
 def _set_state(estimator, model, result, inputs, settings):
     """Give ``estimator`` the fitted state of its trained ``model``."""
-    prior_interrupted = False
+    class_prior = report = None
     try:
         class_prior = estimator._fitted_class_prior(model, inputs, settings)
+        report = estimator._fit_report(model, inputs, settings)
     except KeyboardInterrupt:
-        # Training has ended: its model is kept, with equal frequencies.
-        class_prior = uniform_prior(len(inputs.classes))
-        prior_interrupted = True
+        # Training has ended: its model is kept, without a report and (when
+        # they were being estimated) with equal class frequencies.
+        result.after_training_interrupted = (
+            "class_prior" if class_prior is None else "report"
+        )
+        if class_prior is None:
+            class_prior = uniform_prior(len(inputs.classes))
     state = _fitted_state(
         model,
         class_prior,
@@ -223,14 +228,14 @@ def _set_state(estimator, model, result, inputs, settings):
         n_iter=result.n_iter,
         history=result.history,
         training_state=result.training_state,
+        fit_report=report,
     )
     set_fitted_state(estimator, state)
-    result.prior_interrupted = prior_interrupted
 
 
 def _fitted_state(model, class_prior, inputs, settings, **run):
     """The :class:`FittedState` of a trained ``model``; ``run`` gives its
-    ``n_iter``, ``history`` and ``training_state``."""
+    ``n_iter``, ``history``, ``training_state`` and (after a fit) ``fit_report``."""
     return FittedState(
         model=model,
         classes=inputs.classes,
@@ -258,12 +263,19 @@ def interruption(result, config):
             f"{config.max_iter} steps; the estimator is fitted with {kept}. "
             "Fit again with warm_start=True to continue its run."
         )
-    if getattr(result, "prior_interrupted", False):
+    after = result.after_training_interrupted
+    if after == "class_prior":
         parts.append(
             "Interrupted while estimating the class frequencies "
             "(class_prior='auto') after training; the estimator is fitted with "
             "the trained weights and predicts with equal class frequencies. "
             "Fit again, or set class_prior."
+        )
+    elif after == "report":
+        parts.append(
+            "Interrupted while computing fit_report_ after training; the "
+            "estimator is fitted with the trained weights, without a report "
+            "(fit_report_ is None)."
         )
     return " ".join(parts) if parts else None
 

@@ -52,6 +52,10 @@ class FittedState:
         What continuing the run needs (``training_state_``): Adam's moments,
         the schedule's step, the moving average, the random streams; None
         when the run cannot be continued (see ``warm_start``).
+    fit_report : FitReport or None
+        What the fit says about itself (``fit_report_``); None for a model
+        saved without one, a checkpoint, or a fit interrupted while the
+        report was computed.
     """
 
     model: torch.nn.Module
@@ -65,6 +69,7 @@ class FittedState:
     history: dict
     device: torch.device
     training_state: object = None
+    fit_report: object = None
 
 
 _NAMES = tuple(field.name for field in fields(FittedState))

@@ -18,6 +18,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
+from ._sparse import SparseRows, is_sparse, validate_sparse_rows
 from ._utils import is_integer, user_stacklevel
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "unlabeled_mask",
     "check_label_types",
     "check_sample_shape",
+    "check_not_ragged",
     "validate_memory_map",
     "TrainingData",
     "validate_training_inputs",
@@ -56,12 +58,16 @@ def split_sample_shape(X):
     as they are, with ``None`` for the shape.
     """
     X = _from_torch(X)
+    if isinstance(X, np.ndarray) and X.dtype == object and X.ndim == 1:
+        check_not_ragged(X)  # an object array of signals of several lengths
     if isinstance(X, (list, tuple)):
-        # A nested list of images: read its shape as NumPy would. Ragged or
-        # otherwise odd lists go on as they are, for scikit-learn's message.
+        # A nested list of images: read its shape as NumPy would. Ragged
+        # lists get their own message; otherwise odd ones go on as they
+        # are, for scikit-learn's.
         try:
             array = np.asarray(X)
         except ValueError:
+            check_not_ragged(X)
             array = None
         if array is not None and array.ndim > 2:
             X = array
@@ -76,6 +82,35 @@ def split_sample_shape(X):
         # the empty batch must reach validation to get a useful message.
         return X.reshape(X.shape[0], math.prod(X.shape[1:])), tuple(X.shape[1:])
     return X, None
+
+
+def check_not_ragged(samples):
+    """Refuse samples of different shapes, such as signals of several lengths.
+
+    Raises
+    ------
+    ValueError
+        If two of ``samples`` (a sequence of array-likes) differ in shape.
+    """
+    shapes = {}
+    for index, sample in enumerate(samples):
+        try:
+            shape = np.shape(sample)
+        except ValueError:  # itself ragged: a list of channels of two lengths
+            shape = "ragged"
+        shapes.setdefault(shape, index)
+        if len(shapes) > 1:
+            break
+    if len(shapes) < 2:
+        return
+    (first, i), (other, j) = shapes.items()
+    raise ValueError(
+        f"X holds samples of different shapes (sample {i}: {first}, sample "
+        f"{j}: {other}); skassoc takes samples of one shape, such as signals "
+        "of one length. Resample the signals to one length (e.g. "
+        "numpy.interp on a common grid, or scipy.signal.resample), or crop or "
+        "pad them, and stack them into one array."
+    )
 
 
 def _from_torch(X):
@@ -252,6 +287,10 @@ class FeatureRanges:
 def resolve_image_shape(sample_shape, input_shape, n_features):
     """The ``(channels, height, width)`` of one image, or None for feature rows.
 
+    A signal is an image one value high: ``input_shape=(length,)`` means
+    ``(1, 1, length)`` (and signals of several channels are ``(channels, 1,
+    length)``).
+
     Parameters
     ----------
     sample_shape : tuple of int or None
@@ -264,12 +303,14 @@ def resolve_image_shape(sample_shape, input_shape, n_features):
     if input_shape is not None:
         integers = all(is_integer(v) for v in input_shape)
         shape = tuple(int(v) for v in input_shape) if integers else ()
-        if len(shape) == 2:
-            shape = (1, *shape)
+        if len(shape) in (1, 2):
+            # (length,): a signal, one value high; (height, width): grey.
+            shape = (1,) * (3 - len(shape)) + shape
         if len(shape) != 3 or min(shape) < 1:
             raise ValueError(
-                f"input_shape must be (height, width) or (channels, height, "
-                f"width) of positive sizes; got {input_shape!r}."
+                f"input_shape must be (length,) for a signal, (height, width) "
+                f"or (channels, height, width) of positive sizes; got "
+                f"{input_shape!r}."
             )
         if math.prod(shape) != n_features:
             raise ValueError(
@@ -327,6 +368,14 @@ def check_sample_shape(sample_shape, image_shape, n_features):
         )
     if _as_chw(sample_shape) != tuple(image_shape):
         c, h, w = image_shape
+        if h == 1:
+            raise ValueError(
+                f"X holds samples of shape {tuple(sample_shape)}, but the model "
+                f"was fitted on signals of {c} channel(s) of {w} values, shape "
+                f"(channels, 1, length) = {tuple(image_shape)}; pass X as (n, "
+                f"{c}, 1, {w}) or as 2-D rows of {c * w} values. Signals of "
+                "another length must be resampled to it first."
+            )
         grey = f", (n, {h}, {w})" if c == 1 else ""
         raise ValueError(
             f"X holds images of shape {tuple(sample_shape)}, but the model was "
@@ -372,6 +421,25 @@ def to_model_layout(rows, image_shape):
     if image_shape is None:
         return rows
     return rows.reshape(rows.shape[0], *image_shape)
+
+
+def sparse_model_layout(rows):
+    """Validated sparse rows as the networks take them: :class:`SparseRows`
+    of float32 values (see :func:`to_model_layout` for the magnitude check)."""
+    check_magnitude(rows.data)
+    return SparseRows(rows.astype(np.float32, copy=False))
+
+
+def _check_sparse_layout(input_shape):
+    """Refuse ``input_shape`` with sparse ``X`` (its rows are features, never
+    images); None, the shape of a sample of 2-D rows."""
+    if input_shape is not None:
+        raise ValueError(
+            f"input_shape={tuple(input_shape)} describes images, but X is sparse: "
+            "sparse rows are feature vectors. Leave input_shape=None, or pass "
+            "the images as a dense array."
+        )
+    return None
 
 
 def check_label_types(labels):
@@ -623,6 +691,11 @@ class TrainingData:
         """Whether the samples are images."""
         return self.image_shape is not None
 
+    @property
+    def sparse(self):
+        """Whether the samples are sparse rows (:class:`SparseRows`)."""
+        return isinstance(self.data, SparseRows)
+
 
 def validate_training_inputs(estimator, X, y, sample_weight=None):
     """Check ``fit``'s ``X``, ``y`` and ``sample_weight``; the estimator is untouched.
@@ -644,6 +717,9 @@ def validate_training_inputs(estimator, X, y, sample_weight=None):
         # Validated and used where it is: never copied or read whole.
         y = validate_memory_map(probe, X, y)
         sample_shape = tuple(X.shape[1:]) if X.ndim > 2 else None
+    elif is_sparse(X):
+        rows, y = validate_sparse_rows(probe, X, y)
+        sample_shape = _check_sparse_layout(estimator.input_shape)
     else:
         rows, sample_shape = split_sample_shape(X)
         with _large_values_quiet():
@@ -658,6 +734,8 @@ def validate_training_inputs(estimator, X, y, sample_weight=None):
     if on_host:
         # Adding the channel axis of (n, h, w) images is a view, never a copy.
         data = X if image_shape is None else X.reshape(len(X), *image_shape)
+    elif is_sparse(rows):
+        data = sparse_model_layout(rows)
     else:
         data = to_model_layout(rows, image_shape)
         if rows.dtype.kind == "f" and rows.dtype.itemsize > 4:
@@ -821,6 +899,15 @@ def inputs_like_training(probe, X, image_shape):
     ``probe`` carries the fitted ``n_features_in_`` (and
     ``feature_names_in_``) that scikit-learn's checks compare ``X`` with.
     """
+    if is_sparse(X):
+        if image_shape is not None:
+            raise ValueError(
+                "X is sparse, but the model was fitted on images of shape "
+                f"(channels, height, width) = {tuple(image_shape)}; pass them "
+                "as a dense array."
+            )
+        rows, _ = validate_sparse_rows(probe, X, reset=False)
+        return sparse_model_layout(rows)
     rows, sample_shape = split_sample_shape(X)
     with _large_values_quiet():
         rows = validate_data(probe, rows, dtype="numeric", reset=False)

@@ -208,7 +208,7 @@ PARAMS = (
         "input_shape",
         default=None,
         constraints=(tuple, list, None),
-        file_domain=sizes(2, 3, allow_none=True),
+        file_domain=sizes(1, 3, allow_none=True),
         part="data",
     ),
     Param(

@@ -383,6 +383,11 @@ def export_onnx(
 
     Notes
     -----
+    A model fitted on sparse rows (network ``"sparse_mlp"``) exports its
+    dense path, which computes the same probabilities: its graph takes
+    dense float32 rows, as ONNX runtimes have no sparse inputs. Densify a
+    batch of rows at a time for it (``X[i:j].toarray()``).
+
     The graph computes in float32. Where the estimator predicts in lower
     precision (``precision="bf16"``, which ``"auto"`` picks for images on
     CPUs with native bf16 arithmetic, or TF32 on GPUs), its probabilities

@@ -49,6 +49,7 @@ def bench(monkeypatch):
         ("bench_search", ["--device=cuda"], "search_cuda"),
         ("bench_halving", ["--device=cpu"], "halving_cpu"),
         ("bench_multi_gpu", ["--device=cuda"], "multi_gpu_cuda"),
+        ("bench_sparse_memory", [], "sparse_memory_cpu"),
     ],
 )
 def test_render_only_reproduces_the_committed_table(

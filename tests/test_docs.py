@@ -190,6 +190,21 @@ def test_parameters_page_names_every_parameter():
     assert sorted(listed - expected) == [], "the table names unknown parameters"
 
 
+def test_user_guide_describes_every_fit_report_score():
+    """The user guide's table of ``fit_report_.scores`` says what
+    ``REPORT_SCORES`` says, score for score."""
+    from skassoc import REPORT_SCORES
+
+    text = (DOCS / "user_guide.rst").read_text(encoding="utf-8")
+    body = _section(text, "Is my model any good? What should I label next?")
+    rows = re.findall(
+        r"^   \* - ``(\w+)``\n     - (.+?)(?=^   \* - |\n\n)", body, flags=re.M | re.S
+    )
+    table = {name: " ".join(words.split()) for name, words in rows}
+    scores = {name: " ".join(words.split()) for name, words in REPORT_SCORES.items()}
+    assert table == scores
+
+
 def test_extract_blocks_reads_markers_and_sections():
     text = """\
 .. _first:

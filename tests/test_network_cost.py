@@ -13,6 +13,7 @@ from skassoc._defaults import auto_max_iter, cpu_step_seconds, network_macs
 from skassoc._nn import _networks
 from skassoc._nn._model import ModelSpec
 from skassoc._nn._networks import NETWORKS, build_network
+from skassoc._nn._sparse import SparseLinear
 from skassoc._settings import _resolve_batching
 
 
@@ -26,12 +27,14 @@ def counted_macs(net, shape, batch=2):
 
     def hook(module, inputs, output):
         per_output = module.weight[0].numel()  # in_channels / groups * kh * kw
+        if isinstance(module, SparseLinear):  # its weight is (in, out)
+            per_output = module.in_features
         total.append(output.numel() * per_output)
 
     handles = [
         module.register_forward_hook(hook)
         for module in net.modules()
-        if isinstance(module, (nn.Conv2d, nn.Linear))
+        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Linear, SparseLinear))
     ]
     with torch.no_grad():
         net.eval()(torch.rand(batch, *shape) * 255)
@@ -55,6 +58,12 @@ CASES = [
     ("stl10", (1, 33, 97)),
     ("mlp", (37,)),
     ("mlp", (1, 6, 7)),
+    ("sparse_mlp", (37,)),
+    ("sparse_mlp", (1, 6, 7)),
+    ("signal", (1, 1, 100)),
+    ("signal", (6, 1, 37)),
+    ("signal", (1, 1, 2001)),
+    ("signal", (1, 3, 40)),
 ]
 
 
@@ -78,7 +87,7 @@ def test_every_builtin_network_is_costed_against_its_modules():
 @pytest.mark.parametrize("name", sorted(NETWORKS))
 def test_every_builtin_network_describes_itself(name):
     cls = NETWORKS[name]
-    assert cls.cpu_rate in {"dense", "conv"}
+    assert cls.cpu_rate in {"dense", "conv", "conv1d"}
     assert isinstance(cls.image_input, bool)
     assert callable(cls.from_inputs) and callable(cls.forward_macs)
 
@@ -133,7 +142,7 @@ def auto_steps(name, n_features=500, n_unlabeled=100_000, device="cpu"):
         max_iter="auto",
     )
     encoded = np.r_[np.repeat(np.arange(4), 20), np.full(n_unlabeled, -1)]
-    inputs = SimpleNamespace(encoded=encoded, classes=np.arange(4))
+    inputs = SimpleNamespace(encoded=encoded, classes=np.arange(4), sparse=False)
     spec = ModelSpec(
         network=name,
         input_shape=None,

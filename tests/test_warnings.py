@@ -89,8 +89,18 @@ def test_the_source_scan_finds_skassoc_warnings():
     assert any(m.startswith("y holds no unlabeled samples") for m in messages)
 
 
+#: Warnings the suite ignores, with pyproject.toml's reason; each has tests
+#: that ask for it.
+IGNORED = ("fit_report_ finds this fit suspect",)
+
+
 @pytest.mark.parametrize("message, category", SKASSOC_WARNINGS)
 def test_every_skassoc_warning_is_an_error_in_the_test_suite(message, category):
     """A new warning needs an ``error:`` filter in pyproject.toml."""
+    if message.startswith(IGNORED):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.warn(message, category, stacklevel=1)
+        assert caught == []
+        return
     with pytest.raises(category):
         warnings.warn(message, category, stacklevel=1)

@@ -1,5 +1,8 @@
 """Random augmentation on the training device: image warps and feature noise.
 
+(Signals have their own, in ``_signal_augmentation``; this module
+dispatches to it.)
+
 The paper's augmentation (as in its authors' code): a random affine map per
 image, whose 2x2 part is ``I + 0.15 * N(0, 1)`` and whose translation is
 ``2 * N(0, 1)`` pixels about the centre, with reflected borders, then a 7x7
@@ -20,6 +23,13 @@ import numbers
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ._signal_augmentation import (
+    SignalAugmentation,
+    is_signal_settings,
+    resolve_signal_augmentation,
+)
+from ._sparse_augmentation import FeatureDropout, is_dropout_settings
 
 __all__ = [
     "FEATURE_NOISE",
@@ -58,22 +68,33 @@ PAPER_AUGMENTATION = {
 FEATURE_NOISE = {"feature_noise": "auto", "unlabeled": False}
 
 
-def resolve_augmentation(augmentation, feature_vectors):
+def resolve_augmentation(augmentation, feature_vectors, signals=False):
     """Turn the ``augmentation`` parameter into a full settings dict (or None).
 
     ``feature_vectors`` says whether the built-in MLP embeds feature vectors,
-    the inputs for which ``"auto"`` means :data:`FEATURE_NOISE` (for all
-    others it means no augmentation). A dict with the key ``"feature_noise"``
-    sets the feature noise; any other dict, the image augmentation.
+    the inputs for which ``"auto"`` means :data:`FEATURE_NOISE`; ``signals``
+    whether the built-in 1-D network embeds signals, for which everything
+    but None is the signal augmentation (``_signal_augmentation``). For all
+    other inputs ``"auto"`` means no augmentation. A dict with the key
+    ``"feature_noise"`` sets the feature noise; any other dict, the image
+    augmentation.
     """
     if augmentation is None:
         return None
+    if signals:
+        return resolve_signal_augmentation(augmentation)
     if augmentation == "auto":
         return dict(FEATURE_NOISE) if feature_vectors else None
     if augmentation == "paper":
         return dict(PAPER_AUGMENTATION)
     if "feature_noise" in augmentation:
         return _resolve_feature_noise(augmentation)
+    if is_signal_settings(augmentation):
+        raise ValueError(
+            f"augmentation={augmentation!r} sets the signal augmentation, which "
+            "needs signals embedded by network='signal' (inputs one value "
+            "high, such as input_shape=(length,), pick it by default)."
+        )
     unknown = set(augmentation) - set(PAPER_AUGMENTATION)
     if unknown:
         raise ValueError(
@@ -154,6 +175,10 @@ def augmentation_module(settings, embedder):
         # unscaled (scale 1), so they get noise of feature_noise itself, as
         # much as the others once standardised.
         return FeatureNoise(settings["feature_noise"], embedder.scale), unlabeled
+    if is_signal_settings(settings):
+        return SignalAugmentation(**settings), unlabeled
+    if is_dropout_settings(settings):
+        return FeatureDropout(settings["feature_dropout"]), unlabeled
     return ImageAugmentation(**settings), unlabeled
 
 

@@ -16,6 +16,7 @@ import torch
 from .._inputs import HELD_OUT, UNLABELED, as_tensor
 from .._utils import user_stacklevel
 from ._sampling import AssociationBatchSampler
+from ._sparse_batches import SparseBatches
 
 __all__ = ["DeviceBatches", "HostBatches", "make_batches", "UNLABELED_POOLS"]
 
@@ -27,8 +28,9 @@ def make_batches(inputs, settings, loss_weights=None):
     """What draws and gathers each step's batch for ``inputs``.
 
     Inputs given as a memory map stay where they are and every batch is
-    gathered from them on the host; all other inputs are copied to the
-    training device once.
+    gathered from them on the host, as are sparse inputs
+    (:class:`~skassoc._engine._sparse_batches.SparseBatches`); all other
+    inputs are copied to the training device once.
 
     Parameters
     ----------
@@ -43,7 +45,7 @@ def make_batches(inputs, settings, loss_weights=None):
 
     Returns
     -------
-    batches : DeviceBatches or HostBatches
+    batches : DeviceBatches, HostBatches or SparseBatches
     """
     encoded = inputs.encoded
     class_indices = [
@@ -61,6 +63,14 @@ def make_batches(inputs, settings, loss_weights=None):
     if loss_weights is not None:
         weights = torch.as_tensor(loss_weights, dtype=torch.float32)
         weights = weights.to(settings.device)
+    if inputs.sparse:
+        return SparseBatches(
+            inputs.data,
+            *sampling,
+            settings.device,
+            settings.unlabeled_sampling,
+            weights=weights,
+        )
     if inputs.on_host:
         return HostBatches(
             inputs.data,

@@ -38,6 +38,9 @@ class TrainingConfig:
     embedding_chunk_size: int | None = 4096
     validation_interval: int | None = None
     compile: dict | None = None
+    # Adam's fused kernel off the CUDA graph too (the sparse network's wide
+    # first layer: one pass over its weights instead of several).
+    fused_adam: bool = False
     # With a validation scorer: stop after n_iter_no_change validations
     # without a gain of tol, and keep the best-scoring weights.
     early_stopping: bool = False

@@ -86,6 +86,8 @@ class TrainingResult:
         those of its last step (early stopping kept earlier ones).
     error : Exception or None
         The error a callback raised, which ended training.
+    after_training_interrupted : {"class_prior", "report"} or None
+        What a Ctrl-C after training cut short (set by the fit).
     """
 
     n_iter: int
@@ -95,6 +97,7 @@ class TrainingResult:
     failed_at: int | None = None
     training_state: TrainingState | None = None
     error: Exception | None = None
+    after_training_interrupted: str | None = None
 
 
 class _CallbackError(Exception):

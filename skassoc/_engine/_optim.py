@@ -110,7 +110,9 @@ class Optimization:
                 fused=True,
             )
         else:
-            self.optimizer = torch.optim.Adam(groups, lr=config.learning_rate)
+            self.optimizer = torch.optim.Adam(
+                groups, lr=config.learning_rate, fused=config.fused_adam or None
+            )
         self._lr_tensors = [group["lr"] for group in self.optimizer.param_groups]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, LearningRateFactor(config)

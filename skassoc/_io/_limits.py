@@ -11,6 +11,8 @@ import math
 from numbers import Real
 
 from .._engine._augmentation import FEATURE_NOISE, PAPER_AUGMENTATION
+from .._engine._signal_augmentation import SIGNAL_AUGMENTATION, is_signal_settings
+from .._engine._sparse_augmentation import FEATURE_DROPOUT_KEYS, is_dropout_settings
 from .._utils import is_integer
 
 __all__ = [
@@ -147,6 +149,10 @@ def augmentation_domain(value):
     if not isinstance(value, dict):
         return False
     keys = FEATURE_NOISE if "feature_noise" in value else PAPER_AUGMENTATION
+    if is_signal_settings(value):
+        keys = SIGNAL_AUGMENTATION
+    if is_dropout_settings(value):
+        keys = FEATURE_DROPOUT_KEYS
     if set(value) - set(keys):
         return False
     bounded = float_in(0, 100)

@@ -7,6 +7,7 @@ archive.
 
 import os
 
+from .._diagnosis import FitReport
 from .._engine._device import resolve_device
 from .._fitted import FittedState, get_fitted_state, set_fitted_state
 from .._nn._model import placed, spec_of_model
@@ -91,6 +92,8 @@ def save_model(estimator, path, *, training_state=False):
     metadata = encode_metadata(estimator, state, spec, params, weights)
     if entry is not None:
         metadata["training_state"] = entry
+    if state.fit_report is not None:
+        metadata["fit_report"] = state.fit_report.to_dict()
     write_archive(path, metadata_bytes(metadata), weights, data)
 
 
@@ -251,4 +254,15 @@ def _decode_state(metadata, weights, device, params, training_state):
         history=decode_history(field(metadata, "history", dict)),
         device=device,
         training_state=read_training_state(checked),
+        fit_report=_decode_fit_report(metadata.get("fit_report"), classes),
     )
+
+
+def _decode_fit_report(entry, classes):
+    """``fit_report_`` of a model file: data only, checked (absent: None)."""
+    if entry is None:
+        return None
+    try:
+        return FitReport.from_dict(entry, classes)
+    except ValueError as error:
+        raise InvalidModelFile(str(error)) from None

@@ -15,6 +15,7 @@ import torch
 
 from ._image_format import ImageFormat, format_settings, formatted_shape
 from ._networks import NETWORKS, AssociationModel, MLPNet, build_network, place_model
+from ._sparse import SparseMLPNet
 
 __all__ = [
     "ModelSpec",
@@ -117,7 +118,9 @@ def spec_of_model(model, network, input_shape, n_features):
         n_classes=model.logits.out_features,
         embedding_dim=model.logits.in_features,
         hidden_layer_sizes=(
-            embedder.hidden_layer_sizes if isinstance(embedder, MLPNet) else ()
+            embedder.hidden_layer_sizes
+            if isinstance(embedder, (MLPNet, SparseMLPNet))
+            else ()
         ),
         image_size=image_size,
         image_channels=image_channels,

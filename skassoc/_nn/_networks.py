@@ -1,5 +1,7 @@
 """Embedding networks of the paper, a small-image network, an MLP, and the head.
 
+(The 1-D network for signals is in ``_signal`` and registered here.)
+
 Every embedding network maps *raw* inputs (pixel values on any scale, or
 features as the user passed them) to an embedding and owns its input
 normalisation, so callers never pre-process: ``fit_normalization`` learns it
@@ -17,6 +19,8 @@ from torch import nn
 
 from .._inputs import as_tensor
 from .._utils import varies
+from ._signal import SignalNet
+from ._sparse import SparseMLPNet
 
 __all__ = [
     "MNISTNet",
@@ -24,6 +28,8 @@ __all__ = [
     "STL10Net",
     "SmallImageNet",
     "MLPNet",
+    "SignalNet",
+    "SparseMLPNet",
     "InputScale",
     "AssociationModel",
     "build_network",
@@ -113,7 +119,7 @@ def xavier_init_(module):
     same recipe becomes unstable (the paper and the authors' code).
     """
     for layer in module.modules():
-        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+        if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Linear)):
             nn.init.xavier_uniform_(layer.weight)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
@@ -599,23 +605,32 @@ class MLPNet(nn.Module):
 #: and ``forward_macs`` (classmethods of ``(input_shape, n_features,
 #: embedding_dim, hidden_layer_sizes)``: the network, and its multiply-adds
 #: for one sample, which ``max_iter="auto"`` budgets), ``image_input``,
-#: ``cpu_rate`` (``"conv"`` or ``"dense"``, see ``_defaults``),
-#: ``default_l2_scale`` and ``fit_normalization``.
+#: ``cpu_rate`` (``"conv"``, ``"conv1d"`` or ``"dense"``, see ``_defaults``),
+#: ``default_l2_scale`` and ``fit_normalization``; an ``image_input`` class
+#: may name the inputs it needs in ``shape_hint``. The 1-D network for
+#: signals lives in ``_signal``.
 NETWORKS = {
     "mnist": MNISTNet,
     "svhn": SVHNNet,
     "stl10": STL10Net,
     "small": SmallImageNet,
     "mlp": MLPNet,
+    "signal": SignalNet,
+    # Sparse rows (and dense ones); network="auto" picks it for sparse X.
+    "sparse_mlp": SparseMLPNet,
 }
 
 #: Images whose height and width both lie in this range get the small network.
 SMALL_IMAGE_SIZES = (8, 27)
+#: Inputs one value high and at least this long are signals (the 1-D network).
+SIGNAL_MIN_LENGTH = 8
 
 
 def auto_network_name(input_shape):
     """The built-in network for inputs of ``input_shape`` (None: feature vectors).
 
+    Inputs one value high, ``(channels, 1, length)``, are signals: those of
+    at least ``SIGNAL_MIN_LENGTH`` values get the 1-D convolutional network.
     Images of 8x8 up to 27x27 pixels (both sides) get the small-image network,
     32x32 images the SVHN network, 96x96 the STL-10 one, any other image size
     of at least 8x8 the MNIST one, smaller images and feature vectors the MLP.
@@ -623,6 +638,8 @@ def auto_network_name(input_shape):
     if input_shape is None:
         return "mlp"
     _, height, width = input_shape
+    if height == 1 and width >= SIGNAL_MIN_LENGTH:
+        return "signal"
     if (height, width) == (32, 32):
         return "svhn"
     if (height, width) == (96, 96):
@@ -657,10 +674,11 @@ def network_class(name, input_shape):
         )
     cls = NETWORKS[name]
     if cls.image_input and input_shape is None:
-        raise ValueError(
-            f"network={name!r} needs image inputs: pass X of shape (n, h, w) or "
-            "(n, c, h, w), or 2-D rows together with input_shape=(c, h, w)."
+        hint = getattr(cls, "shape_hint", None) or (
+            "image inputs: pass X of shape (n, h, w) or (n, c, h, w), or 2-D "
+            "rows together with input_shape=(c, h, w)"
         )
+        raise ValueError(f"network={name!r} needs {hint}.")
     return cls
 
 

@@ -9,12 +9,16 @@ For domain-adaptation experiments, :func:`make_synthetic_digits` generates
 printed digits like "Synthetic Digits", and :func:`make_mnist_m_like` blends
 grey digits with colour textures as MNIST-M does, and :func:`format_images`
 brings two image sets to one size and colour format.
+:func:`make_synthetic_signals` generates labelled signals (a
+Cylinder-Bell-Funnel problem of up to six shapes and any number of
+channels).
 """
 
 from ._format import format_images
 from ._generators import make_mnist_m_like, make_synthetic_digits
 from ._labels import make_semi_supervised_labels
 from ._mnist import load_mnist
+from ._signals import make_synthetic_signals
 from ._stl10 import load_stl10
 from ._svhn import load_svhn
 
@@ -26,4 +30,5 @@ __all__ = [
     "make_mnist_m_like",
     "make_semi_supervised_labels",
     "make_synthetic_digits",
+    "make_synthetic_signals",
 ]

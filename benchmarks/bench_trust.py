@@ -1,0 +1,345 @@
+"""Can a user trust a few-label fit? ``fit_report_`` and ``suggest_labels`` on MNIST.
+
+Each run fits a recipe on MNIST with 10 labels a class (label draw ``d``,
+``random_state=d``), records its test error and ``fit_report_``, and, when
+the error is above ``--failing-above`` (or with ``--suggest-all``), adds 10
+labels chosen by each strategy to the training labels and fits again:
+
+- ``association``: ``suggest_labels`` (the association graph's regions);
+- ``random``: 10 unlabeled samples at random;
+- ``margin`` and ``entropy``: the classic uncertainty strategies on the
+  fit's probabilities (modAL's ``margin_sampling`` / ``entropy_sampling``).
+
+Runs spread over the GPUs of ``--gpus`` (a process each). Results go to
+``benchmarks/results/trust_<device>.json`` (runs already there are kept and
+skipped) and the table to ``trust_<device>.rst``::
+
+    python benchmarks/bench_trust.py --device cuda --gpus 0,1,2,3 \\
+        --recipes fast --draws 0-39
+    python benchmarks/bench_trust.py --device cuda --gpus 0,1,2,3 \\
+        --recipes consistency --draws 2,3,17,27,30,33,36 \\
+        --strategies association random
+    python benchmarks/bench_trust.py --render-only
+"""
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import sys
+import time
+
+import _harness as h
+import numpy as np
+
+from skassoc._diagnosis import is_suspect
+
+#: Strategies a failing draw is refitted with.
+STRATEGIES = ("association", "random", "margin", "entropy")
+#: Extra labels each strategy picks.
+EXTRA_LABELS = 10
+#: Test error (%) above which a draw counts as failing (the issue's line).
+FAILING_ABOVE = 1.5
+
+
+def parse_draws(text):
+    draws = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        draws += range(int(first), int(last or first) + 1)
+    return draws
+
+
+def pick(strategy, clf, X, y_semi, seed):
+    """``EXTRA_LABELS`` indices of unlabeled samples chosen by ``strategy``."""
+    unlabeled = np.flatnonzero(y_semi == -1)
+    rng = np.random.default_rng(seed)
+    if strategy == "association":
+        return clf.suggest_labels(X, EXTRA_LABELS, y=y_semi, random_state=seed)
+    if strategy == "random":
+        return rng.choice(unlabeled, EXTRA_LABELS, replace=False)
+    proba = clf.predict_proba(X[unlabeled])
+    if strategy == "margin":
+        top = np.sort(proba, axis=1)
+        score = -(top[:, -1] - top[:, -2])
+    else:
+        score = -np.sum(proba * np.log(np.clip(proba, 1e-12, None)), axis=1)
+    return unlabeled[np.argsort(-score, kind="stable")[:EXTRA_LABELS]]
+
+
+def fit_one(params, X, y_semi, X_test, y_test):
+    from skassoc import SemiSupervisedAssociationClassifier
+
+    clf = SemiSupervisedAssociationClassifier(**params)
+    start = time.perf_counter()
+    clf.fit(X, y_semi)
+    seconds = time.perf_counter() - start
+    return clf, seconds, h.error_percent(clf.predict(X_test), y_test)
+
+
+def run_draw(job, data, device, strategies, failing_above, suggest_all, max_iter):
+    """Fit one draw; refit with each strategy's labels when it fails."""
+    import warnings
+
+    from skassoc import recipe_params
+    from skassoc.datasets import make_semi_supervised_labels
+
+    recipe, draw = job
+    (X, y), (X_test, y_test) = data
+    y_semi = make_semi_supervised_labels(y, 10, random_state=draw)
+    params = {**recipe_params(recipe), "device": device, "random_state": draw}
+    if max_iter is not None:  # a smoke test's
+        params.update(max_iter=max_iter, lr_warmup_steps=0, compile=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clf, seconds, error = fit_one(params, X, y_semi, X_test, y_test)
+    run = {
+        "recipe": recipe,
+        "draw": draw,
+        "test_error_percent": error,
+        "fit_seconds": seconds,
+        "fit_report": clf.fit_report_.to_dict(),
+        "warned": any("fit_report_" in str(w.message) for w in caught),
+        "refits": {},
+    }
+    if error > failing_above or suggest_all:
+        for strategy in strategies:
+            extra = pick(strategy, clf, X, y_semi, seed=draw)
+            y_more = y_semi.copy()
+            y_more[extra] = y[extra]
+            _, seconds, refit_error = fit_one(params, X, y_more, X_test, y_test)
+            run["refits"][strategy] = {
+                "test_error_percent": refit_error,
+                "fit_seconds": seconds,
+                "picked_classes": y[extra].tolist(),
+            }
+    return run
+
+
+def run_jobs(gpu, jobs, args):
+    """One process's share of the runs, on ``cuda:gpu`` (or the CPU)."""
+    import torch
+
+    device = "cpu" if gpu is None else f"cuda:{gpu}"
+    if gpu is None:
+        torch.set_num_threads(1)
+    (X, y), test = h.load_mnist_sets(args.data_home)
+    data = (X[: args.train_subset], y[: args.train_subset]), test
+    runs = []
+    for job in jobs:
+        runs.append(
+            run_draw(
+                job,
+                data,
+                device,
+                args.strategies,
+                args.failing_above,
+                args.suggest_all,
+                args.max_iter,
+            )
+        )
+        print(_progress(runs[-1]), flush=True)
+    return runs
+
+
+def _progress(run):
+    refits = " ".join(
+        f"{k} {v['test_error_percent']:.2f}" for k, v in run["refits"].items()
+    )
+    report = run["fit_report"]
+    return (
+        f"{run['recipe']} draw {run['draw']}: {run['test_error_percent']:.2f} % "
+        f"({report['verdict']}, excess "
+        f"{report['scores']['class_share_excess']:.4f}) {refits}"
+    )
+
+
+def run_all(args, jobs):
+    gpus = [None] if args.device == "cpu" else args.gpus
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(gpus), mp_context=context) as pool:
+        shares = [
+            pool.submit(run_jobs, gpu, jobs[k :: len(gpus)], args)
+            for k, gpu in enumerate(gpus)
+        ]
+        return [run for share in shares for run in share.result()]
+
+
+# ------------------------------------------------------------------ tables
+
+SCORES = (
+    "class_share_excess",
+    "class_share_z",
+    "low_visit_share",
+    "round_trip_change",
+)
+
+
+def roc_auc(failing, good):
+    """Probability that a failing draw scores above a good one (ties half)."""
+    if not failing or not good:
+        return float("nan")
+    wins = sum((f > g) + 0.5 * (f == g) for f in failing for g in good)
+    return wins / (len(failing) * len(good))
+
+
+#: Thresholds of class_share_ratio shown beside the verdict's own.
+RATIO_THRESHOLDS = (1.125, 1.15)
+
+
+def _flags(runs, rule):
+    return f"{sum(rule(r['fit_report']['scores']) for r in runs)} / {len(runs)}"
+
+
+def diagnosis_rows(runs, failing_above):
+    """Per recipe: flagged failed and good draws, and each score's AUC."""
+    rows = []
+    for recipe in sorted({r["recipe"] for r in runs}):
+        mine = [r for r in runs if r["recipe"] == recipe]
+        bad = [r for r in mine if r["test_error_percent"] > failing_above]
+        good = [r for r in mine if r["test_error_percent"] <= failing_above]
+        cells = [
+            recipe,
+            str(len(mine)),
+            _flags(bad, is_suspect),
+            _flags(good, is_suspect),
+        ]
+        for threshold in RATIO_THRESHOLDS:
+
+            def rule(scores, t=threshold):
+                return scores["class_share_ratio"] > t
+
+            cells += [_flags(bad, rule), _flags(good, rule)]
+        for score in SCORES:
+            auc = roc_auc(
+                [r["fit_report"]["scores"][score] for r in bad],
+                [r["fit_report"]["scores"][score] for r in good],
+            )
+            cells.append(h.fmt(auc))
+        rows.append(cells)
+    return rows
+
+
+def suggestion_rows(runs):
+    rows = []
+    for recipe in sorted({r["recipe"] for r in runs}):
+        refitted = [r for r in runs if r["recipe"] == recipe]
+        if not refitted:
+            continue
+        before = [r["test_error_percent"] for r in refitted]
+        rows.append(
+            [
+                recipe,
+                "none (the fit)",
+                str(len(before)),
+                h.fmt(float(np.median(before))),
+                h.fmt(max(before)),
+            ]
+        )
+        for strategy in STRATEGIES:
+            errors = [
+                r["refits"][strategy]["test_error_percent"]
+                for r in refitted
+                if strategy in r["refits"]
+            ]
+            if errors:
+                rows.append(
+                    [
+                        recipe,
+                        strategy,
+                        str(len(errors)),
+                        h.fmt(float(np.median(errors))),
+                        h.fmt(max(errors)),
+                    ]
+                )
+    return rows
+
+
+def render(results, failing_above):
+    """The docs' tables: the diagnosis over every draw, the refits of the
+    failed ones."""
+    runs = list(results["runs"].values())
+    # Runs of the diagnosis alone, where a file holds them (see its note).
+    reported = {**results["runs"], **results.get("report_runs", {})}
+    header = ["recipe", "draws", "verdict: failed", "verdict: good"]
+    for threshold in RATIO_THRESHOLDS:
+        header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
+    diagnosis = h.rst_table(
+        header + [f"AUC {s}" for s in SCORES],
+        diagnosis_rows(list(reported.values()), failing_above),
+    )
+    suggestions = h.rst_table(
+        [
+            "recipe",
+            f"{EXTRA_LABELS} more labels from",
+            "draws",
+            "median error %",
+            "worst %",
+        ],
+        suggestion_rows([r for r in runs if r["refits"]]),
+    )
+    commands = results["meta"]["commands"]
+    return (
+        ".. rubric:: Does fit_report_ flag the failed fits?\n\n"
+        "MNIST, 10 labels a class; a draw fails when its test error is above "
+        f"{failing_above} %. Flagged draws (failed, then good ones): by the "
+        'verdict ("suspect"), and by class_share_ratio above two other '
+        "thresholds. AUC: the probability that a failed draw's score is above "
+        "a good one's. Made by "
+        + " and ".join(f"``{c}``" for c in commands)
+        + ". "
+        + results["meta"].get("report_runs_note", "")
+        + "\n\n"
+        f"{diagnosis}\n\n"
+        ".. rubric:: Refitted with 10 more labels\n\n"
+        "The failed draws of the runs with refits, each refitted with the "
+        "labels of 10 more samples chosen by each strategy (same seed).\n\n"
+        f"{suggestions}\n"
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument(
+        "--gpus", type=lambda t: [int(g) for g in t.split(",")], default=[0]
+    )
+    parser.add_argument("--recipes", nargs="+", default=["fast"])
+    parser.add_argument("--draws", type=parse_draws, default=parse_draws("0-9"))
+    parser.add_argument(
+        "--strategies",
+        nargs="*",
+        default=list(STRATEGIES),
+        choices=STRATEGIES,
+        help="none: fit and report only",
+    )
+    parser.add_argument("--failing-above", type=float, default=FAILING_ABOVE)
+    parser.add_argument("--suggest-all", action="store_true")
+    parser.add_argument("--data-home", default=None)
+    parser.add_argument("--max-iter", type=int, default=None, help="smoke tests")
+    parser.add_argument("--train-subset", type=int, default=None, help="smoke tests")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    path = args.json or h.RESULTS_DIR / f"trust_{args.device}.json"
+    results = h.load_json(path) if h.Path(path).exists() else {"runs": {}}
+    if not args.render_only:
+        done = results["runs"]
+        jobs = [
+            (r, d) for r in args.recipes for d in args.draws if f"{r}/{d}" not in done
+        ]
+        for run in run_all(args, jobs):
+            done[f"{run['recipe']}/{run['draw']}"] = run
+        import torch
+
+        device = torch.device("cuda" if args.device == "cuda" else "cpu")
+        command = " ".join(["python benchmarks/bench_trust.py", *sys.argv[1:]])
+        commands = results.get("meta", {}).get("commands", [])
+        results["meta"] = {**h.environment(device), "commands": [*commands, command]}
+        h.write_json(path, results)
+    table = render(results, args.failing_above)
+    h.write_text(h.Path(path).with_suffix(".rst"), table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

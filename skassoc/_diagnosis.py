@@ -1,0 +1,470 @@
+"""What a fit can tell about itself without test labels (``fit_report_``).
+
+A few-label fit fails in one typical way: a style of one class that no
+labeled sample shows is embedded with another class, confidently (the
+network's margin and the association's walks both agree with the wrong
+class there, so neither uncertainty nor round trips reveal it). What it
+changes that the training data can show is the share of the unlabeled
+samples each class receives: the class that takes the style grows by the
+style's share. The report compares the predicted shares with the shares
+the fit expects (the given ``class_prior``, else those of the labels), and
+adds what the association graph says about the unlabeled samples: how many
+lie in regions that no labeled sample's walk reaches, and how often round
+trips change class.
+
+The scores are computed on at most :data:`REPORT_SAMPLES` unlabeled samples
+and :data:`REPORT_LABELED` labeled ones (random subsets beyond), from one
+pass of the trained network.
+"""
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ._prior import apply_class_prior, uniform_prior
+from ._utils import user_stacklevel
+
+__all__ = [
+    "FitReport",
+    "FitReportWarning",
+    "REPORT_SCORES",
+    "class_share_scores",
+    "diagnose_embeddings",
+    "fit_report",
+    "warn_if_suspect",
+]
+
+#: Unlabeled samples the report reads, at most: a share measured on 50,000
+#: samples has a standard error of at most 0.0023 (binomial), small beside
+#: the excess that a style given to another class causes.
+REPORT_SAMPLES = 50_000
+#: Labeled samples the report reads, at most (the graph's rows).
+REPORT_LABELED = 2_000
+#: Unlabeled samples of the graph's scores, at most (its columns): the
+#: graph holds three labeled-by-unlabeled matrices, 80 MB each at most.
+GRAPH_SAMPLES = 10_000
+#: Unlabeled samples embedded at once by the report.
+REPORT_CHUNK = 1_024
+
+#: A class whose predicted share of the unlabeled samples exceeds its
+#: expected share by more than this fraction of it (and by more than the
+#: sampling noise) makes the verdict "suspect". See docs/benchmarks/trust.rst
+#: for how often it flags failed and good fits.
+SHARE_EXCESS_TOLERANCE = 0.1
+#: Standard errors the excess must exceed as well: on few unlabeled
+#: samples a share is itself too noisy to read.
+SHARE_EXCESS_Z = 3.0
+#: Fits shorter than this many steps are not warned about: their shares say
+#: more about the short training (a smoke test, a search's quick candidate)
+#: than about the data; their report still gives the verdict.
+WARN_MIN_STEPS = 100
+#: A sample whose walk visits are below this fraction of a uniform visit
+#: counts as rarely visited.
+LOW_VISIT = 0.5
+
+#: The report's scores, with what each measures (the user guide's table).
+REPORT_SCORES = {
+    "class_share_excess": (
+        "largest excess of a class's predicted share of the unlabeled samples "
+        "over its expected share (label shares, or class_prior when given)"
+    ),
+    "class_share_ratio": "that class's predicted share over its expected share",
+    "class_share_z": "that class's excess in standard errors of its share",
+    "low_visit_share": (
+        "share of the unlabeled samples that the walks from the labeled ones "
+        f"visit less than {LOW_VISIT:g} times as often as a uniform visit"
+    ),
+    "round_trip_change": (
+        "probability that a round trip from a labeled sample through the "
+        "unlabeled ones ends in another class"
+    ),
+    "label_agreement": (
+        "share of the labeled samples that the network classifies as labeled"
+    ),
+}
+
+
+class FitReportWarning(UserWarning):
+    """Warned by ``fit`` when its :class:`FitReport` says ``"suspect"``."""
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """What a fit says about itself, from its training data alone.
+
+    Attributes
+    ----------
+    verdict : {"ok", "suspect", "not checked"}
+        ``"suspect"`` when a class takes a markedly larger share of the
+        unlabeled samples than expected (see ``reasons``); ``"not checked"``
+        when the fit has no unlabeled or too few labeled samples.
+    reasons : tuple of str
+        Why the verdict is not ``"ok"``, in words.
+    scores : dict of str to float
+        The scores of :data:`REPORT_SCORES` (NaN where not computed).
+    predicted_shares, expected_shares : dict of label to float
+        Per class: its share of the unlabeled samples' predictions, and the
+        share the fit expects.
+    n_labeled, n_unlabeled : int
+        Samples the report was computed on.
+    """
+
+    verdict: str
+    reasons: tuple = ()
+    scores: dict = field(default_factory=dict)
+    predicted_shares: dict = field(default_factory=dict)
+    expected_shares: dict = field(default_factory=dict)
+    n_labeled: int = 0
+    n_unlabeled: int = 0
+
+    def __str__(self):
+        lines = [f"verdict: {self.verdict}"]
+        lines += [f"  {reason}" for reason in self.reasons]
+        lines += [f"{name}: {value:.4g}" for name, value in self.scores.items()]
+        return "\n".join(lines)
+
+    def to_dict(self):
+        """The report as JSON values; shares as lists in the order of the classes."""
+        return {
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "scores": {k: _json_float(v) for k, v in self.scores.items()},
+            "predicted_shares": list(self.predicted_shares.values()),
+            "expected_shares": list(self.expected_shares.values()),
+            "n_labeled": self.n_labeled,
+            "n_unlabeled": self.n_unlabeled,
+        }
+
+    @classmethod
+    def from_dict(cls, entry, classes):
+        """The report :meth:`to_dict` gave, for a model of ``classes``.
+
+        Raises
+        ------
+        ValueError
+            If ``entry`` is not such a report (nothing in it runs).
+        """
+        if not isinstance(entry, dict) or set(entry) != _REPORT_KEYS:
+            raise ValueError("bad fit_report entry.")
+        verdict, reasons = entry["verdict"], entry["reasons"]
+        if verdict not in VERDICTS or not _strings(reasons):
+            raise ValueError("bad fit_report verdict or reasons.")
+        scores = entry["scores"]
+        if not isinstance(scores, dict) or not all(
+            isinstance(k, str) and (v is None or _number(v)) for k, v in scores.items()
+        ):
+            raise ValueError("bad fit_report scores.")
+        shares = [entry["predicted_shares"], entry["expected_shares"]]
+        for values in shares:
+            if not isinstance(values, list) or not (
+                values == []
+                or (len(values) == len(classes) and all(map(_number, values)))
+            ):
+                raise ValueError("bad fit_report shares.")
+            if values and not all(0 <= v <= 1 for v in values):
+                raise ValueError("bad fit_report shares.")
+        if entry["expected_shares"] and min(entry["expected_shares"]) <= 0:
+            raise ValueError("bad fit_report shares.")
+        counts = entry["n_labeled"], entry["n_unlabeled"]
+        if not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts
+        ):
+            raise ValueError("bad fit_report sample counts.")
+        labels = list(classes.tolist())
+        return cls(
+            verdict,
+            tuple(reasons),
+            {k: math.nan if v is None else float(v) for k, v in scores.items()},
+            *(dict(zip(labels, v)) if v else {} for v in shares),
+            *counts,
+        )
+
+
+VERDICTS = ("ok", "suspect", "not checked")
+_REPORT_KEYS = {
+    "verdict",
+    "reasons",
+    "scores",
+    "predicted_shares",
+    "expected_shares",
+    "n_labeled",
+    "n_unlabeled",
+}
+
+
+def _number(value):
+    """A finite int or float (an int too large for a float is not)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _strings(values, most=8, longest=2_000):
+    return (
+        isinstance(values, list)
+        and len(values) <= most
+        and all(isinstance(v, str) and len(v) <= longest for v in values)
+    )
+
+
+def _json_float(value):
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def class_share_scores(proba_unlabeled, expected, expected_from=None):
+    """Predicted class shares and the largest excess over ``expected``.
+
+    Parameters
+    ----------
+    proba_unlabeled : ndarray of shape (n_unlabeled, n_classes)
+        The probabilities the predictions take the largest of.
+    expected : ndarray of shape (n_classes,)
+    expected_from : int, optional
+        When ``expected`` are the shares of this many labels drawn at random,
+        their sampling noise adds to that of the predicted shares.
+
+    Returns
+    -------
+    shares : ndarray of shape (n_classes,)
+        Shares of the predicted classes.
+    worst : int
+        The class of the largest excess.
+    excess, z : float
+        Its excess, and the excess in standard errors.
+    """
+    n, n_classes = proba_unlabeled.shape
+    shares = np.bincount(proba_unlabeled.argmax(1), minlength=n_classes) / n
+    excess = shares - expected
+    worst = int(np.argmax(excess))
+    variance = max(expected[worst] * (1 - expected[worst]), 1e-12)
+    noise = math.sqrt(variance / n + (variance / expected_from if expected_from else 0))
+    return shares, worst, float(excess[worst]), float(excess[worst] / noise)
+
+
+def _graph_scores(emb_labeled, y_labeled, emb_unlabeled):
+    """Visit and round-trip scores of the association graph (torch, float32),
+    on at most :data:`GRAPH_SAMPLES` unlabeled samples (evenly spaced over
+    them: samples ordered by class keep every class)."""
+    step = math.ceil(len(emb_unlabeled) / GRAPH_SAMPLES)
+    a = torch.as_tensor(emb_labeled, dtype=torch.float32)
+    b = torch.as_tensor(emb_unlabeled[::step], dtype=torch.float32)
+    similarity = a @ b.T
+    p_ab = torch.softmax(similarity, dim=1)
+    p_ba = torch.softmax(similarity.T, dim=1)
+    visit = p_ab.mean(0) * b.shape[0]
+    labels = torch.as_tensor(y_labeled)
+    same_class = (labels[:, None] == labels[None, :]).float()
+    # Round trips a -> b -> a' (a labeled-by-labeled matrix), summed over
+    # the a' of another class; chunked so that memory stays bounded.
+    change = torch.cat(
+        [
+            ((p_ab[rows] @ p_ba) * (1 - same_class[rows])).sum(1)
+            for rows in torch.split(torch.arange(a.shape[0]), 1024)
+        ]
+    )
+    return {
+        "low_visit_share": float((visit < LOW_VISIT).float().mean()),
+        "round_trip_change": float(change.mean()),
+    }
+
+
+def diagnose_embeddings(
+    emb_labeled,
+    y_labeled,
+    proba_labeled,
+    emb_unlabeled,
+    proba_unlabeled,
+    expected,
+    classes,
+    expected_from=None,
+):
+    """The :class:`FitReport` of a fit from its samples' embeddings.
+
+    Parameters
+    ----------
+    emb_labeled : ndarray of shape (n_labeled, dim)
+    y_labeled : ndarray of shape (n_labeled,)
+        Encoded labels (0..n_classes-1).
+    proba_labeled : ndarray of shape (n_labeled, n_classes)
+    emb_unlabeled : ndarray of shape (n_unlabeled, dim)
+    proba_unlabeled : ndarray of shape (n_unlabeled, n_classes)
+        The probabilities that predictions take the largest of.
+    expected : ndarray of shape (n_classes,)
+        The shares the fit expects.
+    classes : ndarray of shape (n_classes,)
+    expected_from : int, optional
+        See :func:`class_share_scores`.
+
+    Returns
+    -------
+    report : FitReport
+    """
+    n_classes = len(classes)
+    n_labeled, n_unlabeled = len(y_labeled), len(proba_unlabeled)
+    if n_unlabeled == 0 or n_labeled == 0 or n_classes < 2:
+        return FitReport(
+            "not checked",
+            ("the fit has no unlabeled samples or a single class",),
+            n_labeled=n_labeled,
+            n_unlabeled=n_unlabeled,
+        )
+    shares, worst, excess, z = class_share_scores(
+        proba_unlabeled, expected, expected_from
+    )
+    ratio = shares[worst] / expected[worst]
+    scores = {
+        "class_share_excess": excess,
+        "class_share_ratio": float(ratio),
+        "class_share_z": z,
+        **_graph_scores(emb_labeled, y_labeled, emb_unlabeled),
+        "label_agreement": float(np.mean(proba_labeled.argmax(1) == y_labeled)),
+    }
+    reasons = ()
+    if is_suspect(scores):
+        reasons = (
+            f"class {classes.tolist()[worst]!r} takes {shares[worst]:.1%} of the "
+            f"unlabeled samples where {expected[worst]:.1%} is expected: a region of "
+            "another class may have been given to it. Label the samples "
+            "suggest_labels returns and refit; if the classes' true shares are "
+            "unequal, give them as class_prior.",
+        )
+    return FitReport(
+        "suspect" if reasons else "ok",
+        reasons,
+        scores,
+        dict(zip(classes.tolist(), shares.tolist(), strict=True)),
+        dict(zip(classes.tolist(), np.asarray(expected).tolist(), strict=True)),
+        n_labeled,
+        n_unlabeled,
+    )
+
+
+def is_suspect(scores):
+    """The verdict's rule, on a report's scores."""
+    return (
+        scores["class_share_ratio"] - 1 > SHARE_EXCESS_TOLERANCE
+        and scores["class_share_z"] > SHARE_EXCESS_Z
+    )
+
+
+def warn_if_suspect(report, n_iter):
+    """Warn with the report's reasons when its verdict is ``"suspect"`` (for a
+    fit of at least :data:`WARN_MIN_STEPS` steps)."""
+    if report is not None and report.verdict == "suspect" and n_iter >= WARN_MIN_STEPS:
+        warnings.warn(
+            f"fit_report_ finds this fit suspect: {' '.join(report.reasons)}",
+            FitReportWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
+def report_samples(encoded, seed):
+    """Indices of the labeled and unlabeled samples the report reads."""
+    rng = np.random.default_rng(seed)
+    labeled = np.flatnonzero(encoded >= 0)
+    unlabeled = np.flatnonzero(encoded == -1)
+    if len(labeled) > REPORT_LABELED:
+        labeled = np.sort(rng.choice(labeled, REPORT_LABELED, replace=False))
+    if len(unlabeled) > REPORT_SAMPLES:
+        unlabeled = np.sort(rng.choice(unlabeled, REPORT_SAMPLES, replace=False))
+    return labeled, unlabeled
+
+
+def expected_shares(class_prior, encoded, n_classes):
+    """The shares a fit expects, and how many labels they were drawn from.
+
+    Given frequencies, and ``"uniform"``, are what the user says; with
+    ``"auto"`` the labels' shares are expected. Equal label counts mean
+    labels drawn a fixed number a class, whose shares are exact by design;
+    unequal ones are read as a random draw, whose shares are noisy.
+
+    Returns
+    -------
+    expected : ndarray of shape (n_classes,)
+    expected_from : int or None
+        The number of labels, when their shares carry sampling noise.
+    """
+    if not isinstance(class_prior, str):
+        return np.asarray(class_prior, dtype=float), None
+    if class_prior == "uniform":
+        return uniform_prior(n_classes), None
+    counts = np.bincount(encoded[encoded >= 0], minlength=n_classes)
+    if counts.sum() == 0:
+        return uniform_prior(n_classes), None
+    equal = bool(np.all(counts == counts[0]))
+    return counts / counts.sum(), None if equal else int(counts.sum())
+
+
+def fit_report(embed, logits_layer, encoded, classes, class_prior, seed):
+    """The :class:`FitReport` of a trained model.
+
+    Parameters
+    ----------
+    embed : callable
+        ``embed(indices)`` returns the embeddings of those training samples
+        (float32 ndarray), a batch at a time.
+    logits_layer : torch.nn.Linear
+        The model's classification layer.
+    encoded : ndarray of shape (n_samples,)
+        The training labels, encoded (-1 unlabeled; held-out samples < -1).
+    classes : ndarray of shape (n_classes,)
+    class_prior : {"auto", "uniform"} or ndarray of shape (n_classes,)
+        The checked parameter: given frequencies weigh the predictions (as
+        ``predict`` does) and are the shares expected.
+    seed : int
+        Picks the samples beyond the caps.
+
+    Returns
+    -------
+    report : FitReport
+    """
+    labeled, unlabeled = report_samples(encoded, seed)
+    weight = logits_layer.weight.detach().double().cpu().numpy()
+    bias = logits_layer.bias.detach().double().cpu().numpy()
+    expected, expected_from = expected_shares(class_prior, encoded, len(classes))
+
+    def embed_and_proba(indices):
+        if len(indices) == 0:
+            return np.empty((0, weight.shape[1]), np.float32), np.empty((0, len(bias)))
+        embeddings = embed(indices)
+        # float32 products: a float64 copy of 50,000 embeddings would take
+        # more memory than the rest of the report.
+        logits = embeddings @ weight.T.astype(np.float32)
+        proba = _softmax(logits.astype(np.float64) + bias)
+        if not isinstance(class_prior, str):
+            proba = apply_class_prior(proba, expected)
+        return embeddings, proba
+
+    emb_labeled, proba_labeled = embed_and_proba(labeled)
+    # A chunk at a time, keeping the embeddings of the graph's samples only:
+    # the report's memory stays far below that of its samples' inputs.
+    step = max(1, math.ceil(len(unlabeled) / GRAPH_SAMPLES))
+    graph, proba = [], []
+    for start in range(0, len(unlabeled), REPORT_CHUNK):
+        emb, chunk_proba = embed_and_proba(unlabeled[start : start + REPORT_CHUNK])
+        graph.append(emb[(-start) % step :: step])
+        proba.append(chunk_proba)
+    emb_unlabeled = np.concatenate(graph) if graph else emb_labeled[:0]
+    proba_unlabeled = np.concatenate(proba) if proba else proba_labeled[:0]
+    return diagnose_embeddings(
+        emb_labeled,
+        encoded[labeled],
+        proba_labeled,
+        emb_unlabeled,
+        proba_unlabeled,
+        expected,
+        np.asarray(classes),
+        expected_from,
+    )
+
+
+def _softmax(logits):
+    logits = logits - logits.max(1, keepdims=True)
+    exp = np.exp(logits)
+    return exp / exp.sum(1, keepdims=True)

@@ -1,0 +1,188 @@
+"""Which unlabeled samples to label next (``suggest_labels``).
+
+A few-label fit goes wrong where a dense region of the unlabeled samples
+holds no labeled one: the network then hands the region to whichever class
+its walks reach, confidently, so the classic uncertainty strategies (margin,
+entropy) look elsewhere. The suggestion follows low-budget active learning
+(TypiClust, Hacohen et al. 2022; ProbCover, Yehuda et al. 2022): cluster the
+unlabeled samples' embeddings into as many regions as there will be labels,
+take the regions that no labeled sample lies in, and label the most typical
+sample (the densest point) of each, so that the picks are spread over
+regions rather than n copies of one. The association graph ranks the
+regions: one counts by its size, times how much its predicted class
+exceeds its expected share (``fit_report_``), over how often the walks from
+the labeled samples visit it.
+"""
+
+import numpy as np
+import torch
+from sklearn.cluster import KMeans, MiniBatchKMeans
+from sklearn.utils import check_random_state
+
+from ._inputs import unlabeled_mask
+
+__all__ = ["rank_regions", "suggest_from_embeddings"]
+
+#: Neighbours whose mean distance measures a sample's typicality (TypiClust's).
+TYPICALITY_NEIGHBOURS = 20
+#: Members of a region that its typicality is measured on, at most.
+TYPICALITY_SAMPLES = 2_000
+#: Pools larger than this are clustered with mini-batch k-means.
+FULL_KMEANS_SAMPLES = 20_000
+#: The visit ratio a region's rank divides by is clipped below at this, so
+#: that a region no walk reaches does not outrank every other by far.
+MIN_VISIT = 0.1
+
+
+def _normalised(embeddings):
+    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+    return embeddings / np.maximum(norms, 1e-12)
+
+
+def _cluster(points, n_clusters, rng):
+    kind = KMeans if len(points) <= FULL_KMEANS_SAMPLES else MiniBatchKMeans
+    model = kind(n_clusters=n_clusters, n_init=1, random_state=rng)
+    return model.fit_predict(points), model
+
+
+def _visits(pool, anchors):
+    """Each pool sample's walk visits from the anchors, 1 = a uniform visit."""
+    if len(anchors) == 0:
+        return np.ones(len(pool))
+    a = torch.as_tensor(anchors, dtype=torch.float32)
+    b = torch.as_tensor(pool, dtype=torch.float32)
+    visit = torch.zeros(len(pool))
+    for rows in torch.split(a, 256):
+        visit += torch.softmax(rows @ b.T, dim=1).sum(0)
+    return (visit / len(anchors) * len(pool)).numpy()
+
+
+def rank_regions(labels, covered, visits, class_ratio):
+    """Regions in the order they are labeled: uncovered ones first, then by rank.
+
+    Parameters
+    ----------
+    labels : ndarray of shape (n_pool,)
+        Each pool sample's region.
+    covered : ndarray of shape (n_regions,)
+        Labeled samples in each region.
+    visits : ndarray of shape (n_pool,)
+    class_ratio : ndarray of shape (n_pool,)
+        Predicted share over expected share of each sample's predicted class.
+
+    Returns
+    -------
+    order : ndarray of region indices
+    rank : ndarray of shape (n_regions,)
+    """
+    n_regions = len(covered)
+    size = np.bincount(labels, minlength=n_regions).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        visit = np.bincount(labels, visits, n_regions) / size
+        ratio = np.bincount(labels, class_ratio, n_regions) / size
+    rank = np.nan_to_num(size * ratio / np.maximum(visit, MIN_VISIT))
+    # Fewest labeled samples first (TypiClust), the highest rank among equals.
+    order = np.lexsort((-rank, covered))
+    return order[size[order] > 0], rank
+
+
+def _most_typical(points, members, rng):
+    """The member of densest neighbourhood (smallest mean distance to its
+    nearest neighbours), measured on a random subset of a large region."""
+    if len(members) > TYPICALITY_SAMPLES:
+        members = rng.choice(members, TYPICALITY_SAMPLES, replace=False)
+    x = torch.as_tensor(points[members])
+    distances = torch.cdist(x, x)
+    k = min(TYPICALITY_NEIGHBOURS, len(members) - 1)
+    if k == 0:
+        return int(members[0])
+    nearest = distances.topk(k + 1, largest=False).values[:, 1:]
+    return int(members[int(nearest.mean(1).argmin())])
+
+
+def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
+    """Indices of ``n_labels`` pool samples to label, best first.
+
+    Parameters
+    ----------
+    pool : ndarray of shape (n_pool, dim)
+        Embeddings of the unlabeled samples.
+    anchors : ndarray of shape (n_anchors, dim)
+        Embeddings of the labeled samples (may be empty).
+    class_ratio : ndarray of shape (n_pool,)
+        Predicted over expected share of each pool sample's predicted class.
+    n_labels : int
+    random_state : int, RandomState or None
+
+    Returns
+    -------
+    indices : ndarray of int of shape (min(n_labels, n_pool),)
+    """
+    rng = check_random_state(random_state)
+    n_labels = min(n_labels, len(pool))
+    n_regions = min(len(pool), len(anchors) + n_labels)
+    points = _normalised(pool.astype(np.float32))
+    labels, model = _cluster(points, n_regions, rng)
+    covered = np.zeros(n_regions, dtype=int)
+    if len(anchors):
+        covered = np.bincount(
+            model.predict(_normalised(anchors.astype(np.float32))),
+            minlength=n_regions,
+        )
+    visits = _visits(pool, anchors)
+    order, _ = rank_regions(labels, covered, visits, class_ratio)
+    picks = [
+        _most_typical(points, np.flatnonzero(labels == region), rng)
+        for region in order[:n_labels]
+    ]
+    return np.asarray(picks, dtype=np.intp)
+
+
+def _class_ratios(report, classes):
+    """Predicted over expected share per class (1 without a report)."""
+    if report is None or not report.predicted_shares:
+        return np.ones(len(classes))
+    return np.array(
+        [
+            report.predicted_shares[c] / report.expected_shares[c]
+            for c in classes.tolist()
+        ]
+    )
+
+
+def suggest_labels(estimator, X, n_labels, y, random_state):
+    """``estimator.suggest_labels``: see there."""
+    from sklearn.utils import _safe_indexing
+    from sklearn.utils.validation import _num_samples
+
+    n_samples = _num_samples(X)
+    if y is None:
+        candidates = np.arange(n_samples)
+        anchors = np.empty((0, 1), dtype=np.float32)
+    else:
+        y = np.asarray(y)
+        if len(y) != n_samples:
+            raise ValueError(
+                f"y has {len(y)} labels for {n_samples} samples of X; pass y as in "
+                "fit (-1 for each unlabeled sample), or no y."
+            )
+        unlabeled = unlabeled_mask(y)
+        candidates = np.flatnonzero(unlabeled)
+        labeled = np.flatnonzero(~unlabeled)
+        anchors = (
+            estimator.transform(_safe_indexing(X, labeled))
+            if len(labeled)
+            else np.empty((0, 1), dtype=np.float32)
+        )
+    if len(candidates) == 0:
+        raise ValueError(
+            "There is no unlabeled sample to suggest: X holds none (y has no -1)."
+        )
+    pool = estimator.transform(_safe_indexing(X, candidates))
+    logits = estimator.model_.logits
+    with torch.no_grad():
+        scores = torch.as_tensor(pool) @ logits.weight.detach().float().cpu().T
+    predicted = (scores + logits.bias.detach().float().cpu()).argmax(1).numpy()
+    ratio = _class_ratios(estimator.fit_report_, estimator.classes_)[predicted]
+    picks = suggest_from_embeddings(pool, anchors, ratio, n_labels, random_state)
+    return candidates[picks]

@@ -1,0 +1,77 @@
+"""Active learning: which samples to label next, as modAL query strategies.
+
+modAL's ``ActiveLearner`` calls its query strategy as
+``query_strategy(learner, X_pool, n_instances)`` and labels the samples of
+the indices it returns; :func:`association_sampling` is such a strategy. It
+works with a fitted :class:`~skassoc.SemiSupervisedAssociationClassifier`
+given directly, too (modAL need not be installed).
+"""
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils import _safe_indexing
+from sklearn.utils.validation import _num_samples
+
+from ._inputs import unlabeled_mask
+
+__all__ = ["association_sampling"]
+
+
+def association_sampling(classifier, X_pool, n_instances=1, *, random_state=None):
+    """Pool samples to label next, from the association graph.
+
+    Parameters
+    ----------
+    classifier : SemiSupervisedAssociationClassifier or modAL learner
+        A fitted estimator, or a modAL ``ActiveLearner`` around one (its
+        ``estimator``); the rows of a learner's ``X_training`` whose
+        ``y_training`` is not ``-1`` mark the regions that labels already
+        cover.
+    X_pool : array-like or sparse matrix of shape (n_pool, ...)
+        The unlabeled samples to choose from, of the form the estimator
+        was fitted on.
+    n_instances : int, default=1
+        How many to choose.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the clustering.
+
+    Returns
+    -------
+    indices : ndarray of int
+        Indices into ``X_pool``, in the order to label them.
+
+    See Also
+    --------
+    skassoc.SemiSupervisedAssociationClassifier.suggest_labels : How they are
+        chosen.
+
+    Examples
+    --------
+    With modAL installed (``clf`` fitted on ``X_labeled`` and the pool)::
+
+        from modAL.models import ActiveLearner
+
+        learner = ActiveLearner(
+            estimator=clf,
+            query_strategy=association_sampling,
+            X_training=X_labeled,
+            y_training=y_labeled,
+        )
+        indices, samples = learner.query(X_pool, n_instances=10)
+    """
+    estimator = getattr(classifier, "estimator", classifier)
+    labeled = getattr(classifier, "X_training", None)
+    if labeled is None or _num_samples(labeled) == 0:
+        return estimator.suggest_labels(X_pool, n_instances, random_state=random_state)
+    y_training = getattr(classifier, "y_training", None)
+    if y_training is not None:
+        # A semi-supervised learner's training set may hold -1 rows too.
+        known = np.flatnonzero(~unlabeled_mask(np.asarray(y_training)))
+        labeled = _safe_indexing(labeled, known)
+    n_labeled = _num_samples(labeled)
+    stack = sp.vstack if sp.issparse(X_pool) else np.concatenate
+    X = stack([labeled, X_pool])
+    # Only the -1 marks matter: they tell the pool from the labeled samples.
+    y = np.r_[np.zeros(n_labeled, dtype=int), np.full(_num_samples(X_pool), -1)]
+    picks = estimator.suggest_labels(X, n_instances, y=y, random_state=random_state)
+    return picks - n_labeled

@@ -1,0 +1,236 @@
+"""fit_report_ (is my model any good?) and suggest_labels (what to label next)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from skassoc import SemiSupervisedAssociationClassifier
+from skassoc._diagnosis import (
+    REPORT_SCORES,
+    FitReport,
+    FitReportWarning,
+    diagnose_embeddings,
+)
+from skassoc._suggest import suggest_from_embeddings
+from skassoc.active import association_sampling
+
+
+def _blobs(centres, sizes, rng, spread=0.05):
+    return np.concatenate(
+        [c + spread * rng.standard_normal((n, len(c))) for c, n in zip(centres, sizes)]
+    ).astype(np.float32)
+
+
+def _parts(pred_unlabeled, n_classes=2):
+    """Embeddings, labels and probabilities of 5 labeled samples a class and
+    unlabeled ones predicted ``pred_unlabeled``."""
+    rng = np.random.default_rng(0)
+    y_lab = np.repeat(np.arange(n_classes), 5)
+    emb_lab = rng.standard_normal((len(y_lab), 4)).astype(np.float32)
+    emb_unl = rng.standard_normal((len(pred_unlabeled), 4)).astype(np.float32)
+    eye = np.eye(n_classes)
+    return emb_lab, y_lab, eye[y_lab], emb_unl, eye[pred_unlabeled]
+
+
+def _report(pred_unlabeled, n_classes=2, expected=None):
+    """A report whose unlabeled samples are predicted ``pred_unlabeled``."""
+    expected = np.full(n_classes, 1 / n_classes) if expected is None else expected
+    return diagnose_embeddings(
+        *_parts(pred_unlabeled, n_classes),
+        expected,
+        np.array(["cat", "dog", "eel"][:n_classes]),
+    )
+
+
+def test_report_ok_when_shares_match_and_suspect_when_a_class_grows():
+    ok = _report(np.repeat([0, 1], 500))
+    assert ok.verdict == "ok" and ok.reasons == ()
+    assert set(ok.scores) == set(REPORT_SCORES)
+    assert ok.scores["class_share_excess"] == pytest.approx(0.0)
+    suspect = _report(np.repeat([0, 1], [650, 350]))
+    assert suspect.verdict == "suspect"
+    assert suspect.scores["class_share_excess"] == pytest.approx(0.15)
+    assert suspect.predicted_shares == {"cat": 0.65, "dog": 0.35}
+    assert "'cat'" in suspect.reasons[0]
+
+
+def test_report_compares_with_given_shares_and_ignores_noise():
+    # The same predictions, expected 65/35: nothing to report.
+    assert (
+        _report(np.repeat([0, 1], [650, 350]), expected=np.array([0.65, 0.35])).verdict
+        == "ok"
+    )
+    # 14 of 20 in one class: a large excess, but within the sampling noise.
+    assert _report(np.repeat([0, 1], [14, 6])).verdict == "ok"
+
+
+def test_report_not_checked_without_unlabeled_samples():
+    report = _report(np.array([], dtype=int))
+    assert report.verdict == "not checked" and report.n_unlabeled == 0
+
+
+def test_report_round_trips_through_its_dict_and_refuses_bad_ones():
+    report = _report(np.repeat([0, 1, 2], [500, 300, 200]), n_classes=3)
+    classes = np.array(["cat", "dog", "eel"])
+    assert FitReport.from_dict(report.to_dict(), classes) == report
+    bad = [
+        {**report.to_dict(), "verdict": "great"},
+        {**report.to_dict(), "scores": {"x": "1"}},
+        {**report.to_dict(), "predicted_shares": [0.5, 0.5]},
+        {**report.to_dict(), "n_labeled": True},
+        {**report.to_dict(), "scores": {"x": 10**400}},
+        {**report.to_dict(), "scores": {"x": float("nan")}},
+        {**report.to_dict(), "expected_shares": [0.0, 0.5, 0.5]},
+        {**report.to_dict(), "extra": 1},
+        [],
+    ]
+    for entry in bad:
+        with pytest.raises(ValueError, match="fit_report"):
+            FitReport.from_dict(entry, classes)
+
+
+@pytest.fixture(scope="module")
+def fitted_blobs():
+    """Four blobs, two a class; one blob of class 1 has no label."""
+    rng = np.random.default_rng(0)
+    centres = np.eye(4, 8) * 3
+    X = _blobs(centres, [60, 60, 60, 60], rng, spread=0.3)
+    y_true = np.repeat([0, 0, 1, 1], 60)
+    y = np.full(len(X), -1)
+    for blob in (0, 1, 2):  # blob 3 (class 1) stays unlabeled
+        y[blob * 60 : blob * 60 + 3] = y_true[blob * 60]
+    clf = SemiSupervisedAssociationClassifier(
+        max_iter=20, random_state=0, hidden_layer_sizes=(16,), embedding_dim=8
+    )
+    with warnings.catch_warnings():
+        # A 20-step fit's class shares are whatever they are.
+        warnings.simplefilter("ignore", FitReportWarning)
+        clf.fit(X, y)
+    return clf, X, y, y_true
+
+
+def test_fit_sets_a_report_that_save_and_load_keep(fitted_blobs, tmp_path):
+    clf, *_ = fitted_blobs
+    report = clf.fit_report_
+    assert isinstance(report, FitReport) and report.verdict in ("ok", "suspect")
+    assert report.n_unlabeled == 231 and report.n_labeled == 9
+    path = tmp_path / "model.skassoc"
+    clf.save(path)
+    assert SemiSupervisedAssociationClassifier.load(path).fit_report_ == report
+
+
+def test_suggest_labels_covers_the_unlabeled_region_first(fitted_blobs):
+    clf, X, y, _ = fitted_blobs
+    picks = clf.suggest_labels(X, 3, y=y, random_state=0)
+    assert len(set(picks.tolist())) == 3
+    assert (y[picks] == -1).all()
+    # Blob 3, the only one without a label, gets one.
+    assert ((picks >= 180) & (picks < 240)).any()
+    # modAL's signature, with a learner holding the labeled samples.
+    learner = type("Learner", (), {"estimator": clf, "X_training": X[y != -1]})()
+    pool = X[y == -1]
+    chosen = association_sampling(learner, pool, n_instances=3, random_state=0)
+    assert chosen.min() >= 0 and chosen.max() < len(pool)
+    np.testing.assert_array_equal(pool[chosen], X[picks])
+    # A fitted estimator given directly: any sample of the pool is a candidate.
+    assert len(association_sampling(clf, pool, n_instances=2, random_state=0)) == 2
+
+
+def test_suggest_labels_refuses_bad_input(fitted_blobs):
+    clf, X, y, _ = fitted_blobs
+    with pytest.raises(ValueError, match="no unlabeled sample"):
+        clf.suggest_labels(X, 2, y=np.zeros(len(X), dtype=int))
+    with pytest.raises(ValueError, match="labels for"):
+        clf.suggest_labels(X, 2, y=y[:-1])
+    with pytest.raises(ValueError, match="n_labels"):
+        clf.suggest_labels(X, 0)
+
+
+def test_suggestions_spread_over_regions_and_rank_uncovered_ones_first():
+    rng = np.random.default_rng(1)
+    centres = np.eye(5, 6) * 4
+    pool = _blobs(centres, [100, 80, 60, 40, 20], rng)
+    anchors = _blobs(centres[:1], [2], rng)  # blob 0 is covered
+    picks = suggest_from_embeddings(pool, anchors, np.ones(len(pool)), 4, 0)
+    blobs = np.searchsorted(np.cumsum([100, 80, 60, 40, 20]), picks, side="right")
+    # Blobs 1-4 are uncovered: one pick each, the largest first.
+    assert blobs.tolist() == [1, 2, 3, 4]
+    # A region whose class takes more than its share ranks higher.
+    ratio = np.where(np.arange(len(pool)) >= 280, 5.0, 1.0)
+    first = suggest_from_embeddings(pool, anchors, ratio, 4, 0)[0]
+    assert first >= 280
+
+
+def test_ctrl_c_during_the_report_keeps_the_model(monkeypatch):
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    y = np.r_[np.repeat([0, 1], 5), np.full(50, -1)]
+    clf = SemiSupervisedAssociationClassifier(max_iter=5, random_state=0)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(clf), "_fit_report", interrupted)
+    with pytest.raises(KeyboardInterrupt, match="fit_report_"):
+        clf.fit(X, y)
+    assert clf.n_iter_ == 5 and clf.fit_report_ is None
+    assert clf.predict(X).shape == (60,)
+
+
+def test_a_suspect_fit_of_100_steps_or_more_warns():
+    from skassoc._diagnosis import WARN_MIN_STEPS, warn_if_suspect
+
+    suspect = _report(np.repeat([0, 1], [650, 350]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_suspect(suspect, WARN_MIN_STEPS - 1)
+        warn_if_suspect(_report(np.repeat([0, 1], 500)), WARN_MIN_STEPS)
+        assert caught == []
+        warn_if_suspect(suspect, WARN_MIN_STEPS)
+    [warning] = caught
+    assert warning.category is FitReportWarning
+    assert "'cat' takes 65.0%" in str(warning.message)
+
+
+def test_random_labels_noise_and_given_prior_set_the_expected_shares():
+    from skassoc._diagnosis import expected_shares
+
+    encoded = np.r_[np.zeros(8, int), np.ones(2, int), np.full(5, -1)]
+    shares, noisy_from = expected_shares("auto", encoded, 2)
+    np.testing.assert_allclose(shares, [0.8, 0.2])
+    assert noisy_from == 10  # unequal counts: a random draw, noisy shares
+    equal = np.r_[np.zeros(5, int), np.ones(5, int)]
+    assert expected_shares("auto", equal, 2)[1] is None  # drawn a fixed number a class
+    np.testing.assert_allclose(expected_shares("uniform", encoded, 2)[0], [0.5, 0.5])
+    given = np.array([0.9, 0.1])
+    assert expected_shares(given, encoded, 2)[0] is not None
+    # 60/40 predicted against labels' 50/50 from 10 random labels: noise.
+    report = diagnose_embeddings(
+        *_parts(np.repeat([0, 1], [600, 400])),
+        np.array([0.5, 0.5]),
+        np.array(["cat", "dog"]),
+        expected_from=10,
+    )
+    assert report.verdict == "ok"
+
+
+def test_suggest_labels_takes_sparse_rows():
+    import scipy.sparse as sp
+
+    X = sp.random(120, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
+    y = np.full(120, -1)
+    y[:6] = np.repeat([0, 1], 3)
+    clf = SemiSupervisedAssociationClassifier(max_iter=3, random_state=0).fit(X, y)
+    picks = clf.suggest_labels(X, 4, y=y, random_state=0)
+    assert len(set(picks.tolist())) == 4 and (y[picks] == -1).all()
+    learner = type("Learner", (), {"estimator": clf, "X_training": X[:6]})()
+    chosen = association_sampling(learner, X[6:], n_instances=2, random_state=0)
+    assert chosen.min() >= 0 and chosen.max() < 114
+
+
+def test_suggest_labels_reads_string_labels(fitted_blobs):
+    clf, X, y, _ = fitted_blobs
+    names = np.where(y == -1, "-1", np.where(y == 0, "zero", "one"))
+    picks = clf.suggest_labels(X, 3, y=names, random_state=0)
+    np.testing.assert_array_equal(picks, clf.suggest_labels(X, 3, y=y, random_state=0))
+    assert (y[picks] == -1).all()
