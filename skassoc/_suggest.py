@@ -73,7 +73,6 @@ def rank_regions(labels, covered, visits, class_ratio):
     Returns
     -------
     order : ndarray of region indices
-    rank : ndarray of shape (n_regions,)
     """
     n_regions = len(covered)
     size = np.bincount(labels, minlength=n_regions).astype(float)
@@ -83,7 +82,7 @@ def rank_regions(labels, covered, visits, class_ratio):
     rank = np.nan_to_num(size * ratio / np.maximum(visit, MIN_VISIT))
     # Fewest labeled samples first (TypiClust), the highest rank among equals.
     order = np.lexsort((-rank, covered))
-    return order[size[order] > 0], rank
+    return order[size[order] > 0]
 
 
 def _most_typical(points, members, rng):
@@ -130,7 +129,7 @@ def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
             minlength=n_regions,
         )
     visits = _visits(pool, anchors)
-    order, _ = rank_regions(labels, covered, visits, class_ratio)
+    order = rank_regions(labels, covered, visits, class_ratio)
     picks = [
         _most_typical(points, np.flatnonzero(labels == region), rng)
         for region in order[:n_labels]
@@ -152,14 +151,11 @@ def _class_ratios(report, classes):
 
 def suggest_labels(estimator, X, n_labels, y, random_state):
     """``estimator.suggest_labels``: see there."""
-    from sklearn.utils import _safe_indexing
     from sklearn.utils.validation import _num_samples
 
     n_samples = _num_samples(X)
-    if y is None:
-        candidates = np.arange(n_samples)
-        anchors = np.empty((0, 1), dtype=np.float32)
-    else:
+    unlabeled = np.ones(n_samples, dtype=bool)
+    if y is not None:
         y = np.asarray(y)
         if len(y) != n_samples:
             raise ValueError(
@@ -167,22 +163,19 @@ def suggest_labels(estimator, X, n_labels, y, random_state):
                 "fit (-1 for each unlabeled sample), or no y."
             )
         unlabeled = unlabeled_mask(y)
-        candidates = np.flatnonzero(unlabeled)
-        labeled = np.flatnonzero(~unlabeled)
-        anchors = (
-            estimator.transform(_safe_indexing(X, labeled))
-            if len(labeled)
-            else np.empty((0, 1), dtype=np.float32)
-        )
+    candidates = np.flatnonzero(unlabeled)
     if len(candidates) == 0:
         raise ValueError(
             "There is no unlabeled sample to suggest: X holds none (y has no -1)."
         )
-    pool = estimator.transform(_safe_indexing(X, candidates))
-    logits = estimator.model_.logits
+    # One pass over X with one fitted state: a refit in another thread
+    # cannot mix two models into one suggestion.
+    state, embeddings = estimator._forward(X, "embedding")
+    pool, anchors = embeddings[unlabeled], embeddings[~unlabeled]
+    logits = state.model.logits
     with torch.no_grad():
         scores = torch.as_tensor(pool) @ logits.weight.detach().float().cpu().T
     predicted = (scores + logits.bias.detach().float().cpu()).argmax(1).numpy()
-    ratio = _class_ratios(estimator.fit_report_, estimator.classes_)[predicted]
+    ratio = _class_ratios(state.fit_report, state.classes)[predicted]
     picks = suggest_from_embeddings(pool, anchors, ratio, n_labels, random_state)
     return candidates[picks]
