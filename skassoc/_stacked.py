@@ -19,7 +19,7 @@ import warnings
 from sklearn.base import clone
 
 from ._engine._loop import NonFiniteLossError
-from ._fit import train_estimators
+from ._fit import interruption, train_estimators
 from ._inputs import (
     classification_weights,
     hold_out_validation,
@@ -210,6 +210,11 @@ def fit_candidates(
             f"Stacked training was interrupted after {results[0].n_iter} of "
             f"{settings.training.max_iter} steps."
         )
+    cut = [r for r in results if r.after_training_interrupted is not None]
+    if cut:
+        # A Ctrl-C after training (the class frequencies, the report) stops
+        # a search too; the candidates keep what they were fitted with.
+        raise KeyboardInterrupt(interruption(cut[0], settings.training))
     return candidates
 
 

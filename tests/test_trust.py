@@ -234,3 +234,19 @@ def test_suggest_labels_reads_string_labels(fitted_blobs):
     picks = clf.suggest_labels(X, 3, y=names, random_state=0)
     np.testing.assert_array_equal(picks, clf.suggest_labels(X, 3, y=y, random_state=0))
     assert (y[picks] == -1).all()
+
+
+def test_ctrl_c_during_a_stacked_candidates_report_stops_the_search(monkeypatch):
+    from skassoc._stacked import fit_candidates
+
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    y = np.r_[np.repeat([0, 1], 5), np.full(50, -1)]
+    base = SemiSupervisedAssociationClassifier(max_iter=5, random_state=0)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(base), "_fit_report", interrupted)
+    params = [{"visit_weight": 0.5}, {"visit_weight": 1.0}]
+    with pytest.raises(KeyboardInterrupt, match="fit_report_"):
+        fit_candidates(base, params, X, y)
