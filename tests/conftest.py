@@ -1,7 +1,10 @@
 """Shared fixtures: small data sets and a fast estimator configuration."""
 
+import json
 import os
 import stat
+import subprocess
+import sys
 
 # scikit-learn's check_array_api_input runs only with SciPy's array API
 # support switched on, which must happen before SciPy is first imported.
@@ -46,6 +49,74 @@ def write_memmap():
     """``write_memmap(path, array)``: ``array`` written to the ``.npy`` file
     ``path``, opened again as a read-only memory map."""
     return _write_memmap
+
+
+# Peak private memory of one call, measured in a fresh interpreter: in a
+# process that has already freed large arrays, glibc raises its mmap
+# threshold and keeps freed heap memory, so a peak there adds up garbage of
+# earlier phases (and a lifetime peak such as ru_maxrss may never move). A
+# fixed threshold (MALLOC_MMAP_THRESHOLD_) returns large arrays when freed,
+# and ``warm_up`` pays the one-time costs (imports, thread pools) first.
+_MEMORY_HARNESS = """
+import json, sys, threading, time
+import torch
+
+torch.set_num_threads(1)
+{source}
+
+def private_kib():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+
+args = json.loads(sys.argv[1])
+warm_up(*args)
+peak, done = [0], threading.Event()
+
+def watch():
+    while not done.is_set():
+        peak[0] = max(peak[0], private_kib())
+        time.sleep(0.002)
+
+baseline = private_kib()
+watcher = threading.Thread(target=watch)
+watcher.start()
+try:
+    result = measured(*args)
+finally:
+    done.set()
+    watcher.join()
+print(json.dumps({{"grown_mib": (peak[0] - baseline) / 1024, "result": result}}))
+"""
+
+
+@pytest.fixture(scope="session")
+def peak_memory_growth():
+    """``peak_memory_growth(source, *args)``: run ``source``, which defines
+    ``warm_up(*args)`` and ``measured(*args)``, in a fresh interpreter; return
+    ``(MiB of private memory measured() added at its peak, its result)``.
+    Linux only (it reads /proc)."""
+
+    def run(source, *args):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _MEMORY_HARNESS.format(source=source),
+                json.dumps(args),
+            ],
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        return measured["grown_mib"], measured["result"]
+
+    return run
 
 
 @pytest.fixture(scope="session")
