@@ -14,9 +14,12 @@ exceeds its expected share (``fit_report_``), over how often the walks from
 the labeled samples visit it.
 """
 
+import warnings
+
 import numpy as np
 import torch
 from sklearn.cluster import KMeans, MiniBatchKMeans
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
 from ._inputs import unlabeled_mask
@@ -32,6 +35,9 @@ FULL_KMEANS_SAMPLES = 20_000
 #: The visit ratio a region's rank divides by is clipped below at this, so
 #: that a region no walk reaches does not outrank every other by far.
 MIN_VISIT = 0.1
+#: Pool samples whose visits are computed at once (a block of 256 anchors by
+#: this many samples), so that memory stays bounded whatever the pool's size.
+VISIT_CHUNK = 65_536
 
 
 def _normalised(embeddings):
@@ -42,7 +48,14 @@ def _normalised(embeddings):
 def _cluster(points, n_clusters, rng):
     kind = KMeans if len(points) <= FULL_KMEANS_SAMPLES else MiniBatchKMeans
     model = kind(n_clusters=n_clusters, n_init=1, random_state=rng)
-    return model.fit_predict(points), model
+    with warnings.catch_warnings():
+        # A pool of repeated rows has fewer distinct points than regions;
+        # the empty regions are skipped and the picks topped up from the
+        # others (_typical_picks), so k-means' warning says nothing to act on.
+        warnings.filterwarnings(
+            "ignore", "Number of distinct clusters", ConvergenceWarning
+        )
+        return model.fit_predict(points), model
 
 
 def _visits(pool, anchors):
@@ -50,10 +63,14 @@ def _visits(pool, anchors):
     if len(anchors) == 0:
         return np.ones(len(pool))
     a = torch.as_tensor(anchors, dtype=torch.float32)
-    b = torch.as_tensor(pool, dtype=torch.float32)
+    blocks = torch.split(torch.as_tensor(pool, dtype=torch.float32), VISIT_CHUNK)
     visit = torch.zeros(len(pool))
     for rows in torch.split(a, 256):
-        visit += torch.softmax(rows @ b.T, dim=1).sum(0)
+        # Each anchor's softmax over the whole pool, a block of samples at a
+        # time: the normaliser first, then the visits.
+        norm = torch.stack([torch.logsumexp(rows @ b.T, 1) for b in blocks], 1)
+        norm = torch.logsumexp(norm, 1, keepdim=True)
+        visit += torch.cat([torch.exp(rows @ b.T - norm).sum(0) for b in blocks])
     return (visit / len(anchors) * len(pool)).numpy()
 
 
@@ -130,11 +147,23 @@ def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
         )
     visits = _visits(pool, anchors)
     order = rank_regions(labels, covered, visits, class_ratio)
-    picks = [
-        _most_typical(points, np.flatnonzero(labels == region), rng)
-        for region in order[:n_labels]
-    ]
-    return np.asarray(picks, dtype=np.intp)
+    return np.asarray(_typical_picks(points, labels, order, n_labels, rng), np.intp)
+
+
+def _typical_picks(points, labels, order, n_labels, rng):
+    """The most typical sample of each region in ``order``, then again among
+    the samples left, until there are ``n_labels``: a pool of repeated rows
+    can leave fewer regions than labels asked for."""
+    picks, taken = [], np.zeros(len(points), dtype=bool)
+    while len(picks) < n_labels:
+        for region in order:
+            members = np.flatnonzero((labels == region) & ~taken)
+            if len(members):
+                picks.append(_most_typical(points, members, rng))
+                taken[picks[-1]] = True
+            if len(picks) == n_labels:
+                break
+    return picks
 
 
 def _class_ratios(report, classes):

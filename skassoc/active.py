@@ -69,9 +69,23 @@ def association_sampling(classifier, X_pool, n_instances=1, *, random_state=None
         known = np.flatnonzero(~unlabeled_mask(np.asarray(y_training)))
         labeled = _safe_indexing(labeled, known)
     n_labeled = _num_samples(labeled)
-    stack = sp.vstack if sp.issparse(X_pool) else np.concatenate
-    X = stack([labeled, X_pool])
+    X = _stack_rows(labeled, X_pool)
     # Only the -1 marks matter: they tell the pool from the labeled samples.
     y = np.r_[np.zeros(n_labeled, dtype=int), np.full(_num_samples(X_pool), -1)]
     picks = estimator.suggest_labels(X, n_instances, y=y, random_state=random_state)
     return picks - n_labeled
+
+
+def _stack_rows(first, second):
+    """The rows of ``first`` then ``second``, in ``second``'s form: sparse
+    rows stay sparse, and a pandas DataFrame keeps its column names (the
+    estimator checks them against those it was fitted with)."""
+    if sp.issparse(second):
+        return sp.vstack([first, second], format="csr")
+    if hasattr(second, "iloc") and hasattr(second, "columns"):
+        import pandas as pd  # a DataFrame pool: pandas is installed
+
+        if not hasattr(first, "columns"):
+            first = pd.DataFrame(np.asarray(first), columns=second.columns)
+        return pd.concat([first, second], ignore_index=True)
+    return np.concatenate([np.asarray(first), np.asarray(second)])

@@ -250,3 +250,48 @@ def test_ctrl_c_during_a_stacked_candidates_report_stops_the_search(monkeypatch)
     params = [{"visit_weight": 0.5}, {"visit_weight": 1.0}]
     with pytest.raises(KeyboardInterrupt, match="fit_report_"):
         fit_candidates(base, params, X, y)
+
+
+def test_association_sampling_keeps_a_dataframes_column_names():
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame(_blobs(np.eye(2, 4) * 3, [40, 40], rng), columns=list("abcd"))
+    y = np.full(80, -1)
+    y[[0, 1, 40, 41]] = [0, 0, 1, 1]
+    clf = SemiSupervisedAssociationClassifier(max_iter=3, random_state=0).fit(X, y)
+    learner = type("Learner", (), {"estimator": clf, "X_training": X.iloc[:2]})()
+    with warnings.catch_warnings():
+        # The estimator warns when X lacks the names it was fitted with.
+        warnings.simplefilter("error", UserWarning)
+        chosen = association_sampling(learner, X.iloc[2:], n_instances=3)
+    assert len(set(chosen.tolist())) == 3 and chosen.max() < 78
+
+
+def test_a_pool_of_repeated_rows_still_gives_every_pick_asked_for():
+    rng = np.random.default_rng(0)
+    distinct = _blobs(np.eye(3, 4) * 3, [1, 1, 1], rng)
+    pool = np.repeat(distinct, 5, axis=0)  # 3 distinct points, 15 samples
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        picks = suggest_from_embeddings(pool, pool[:0], np.ones(15), 6, 0)
+    assert len(picks) == 6 and len(set(picks.tolist())) == 6
+    # Spread first: the first three picks are the three distinct points.
+    assert len({tuple(row) for row in pool[picks[:3]]}) == 3
+
+
+def test_walk_visits_over_blocks_of_the_pool_equal_those_over_all_of_it(
+    monkeypatch,
+):
+    import skassoc._suggest as suggest
+
+    rng = np.random.default_rng(0)
+    pool = rng.standard_normal((50, 4)).astype(np.float32)
+    anchors = rng.standard_normal((6, 4)).astype(np.float32)
+    whole = suggest._visits(pool, anchors)
+    monkeypatch.setattr(suggest, "VISIT_CHUNK", 7)
+    np.testing.assert_allclose(suggest._visits(pool, anchors), whole, rtol=1e-5)
+    # One anchor's walk visits each sample with the softmax of its
+    # similarities; 1 is the uniform visit.
+    expected = np.exp(pool @ anchors[0])
+    expected *= len(pool) / expected.sum()
+    np.testing.assert_allclose(suggest._visits(pool, anchors[:1]), expected, rtol=1e-4)
