@@ -9,6 +9,7 @@ from skassoc._engine._augmentation import augmentation_module, resolve_augmentat
 from skassoc._engine._signal_augmentation import (
     SIGNAL_AUGMENTATION,
     SignalAugmentation,
+    resolve_signal_augmentation,
 )
 from skassoc._inputs import resolve_image_shape, validate_training_inputs
 from skassoc._nn._networks import auto_network_name, build_network
@@ -251,3 +252,15 @@ def test_make_synthetic_signals():
         make_synthetic_signals(10, n_classes=7)
     with pytest.raises(ValueError, match="length must be an integer >= 8"):
         make_synthetic_signals(10, length=4)
+
+
+def test_the_signal_augmentation_reads_nothing_back_to_the_host():
+    # What capture in the training step's CUDA graph needs, checked without
+    # a GPU: on the meta device tensors hold no values, so any read back to
+    # the host (.item(), a data-dependent shape) raises.
+    batch = torch.empty(8, 3, 1, 64, device="meta")
+    module, _ = augmentation_module(resolve_signal_augmentation("auto"), None)
+    out = module(batch)
+    assert out.shape == batch.shape and out.device.type == "meta"
+    with pytest.raises(RuntimeError, match="meta"):
+        (batch.std() > 0).item()  # the check does catch a host read
