@@ -15,6 +15,7 @@ import torch
 
 from .._inputs import HELD_OUT, UNLABELED, as_tensor
 from .._utils import user_stacklevel
+from ._host_drawn import HostDrawnBatches
 from ._sampling import AssociationBatchSampler
 from ._sparse_batches import SparseBatches
 
@@ -53,35 +54,26 @@ def make_batches(inputs, settings, loss_weights=None):
         for k in range(len(inputs.classes))
     ]
     pool = unlabeled_pool(encoded, settings.unlabeled_pool)
-    sampling = (
-        class_indices,
-        torch.as_tensor(pool),
-        settings.labeled_per_class,
-        settings.unlabeled_batch_size,
-    )
     weights = None
     if loss_weights is not None:
         weights = torch.as_tensor(loss_weights, dtype=torch.float32)
         weights = weights.to(settings.device)
-    if inputs.sparse:
-        return SparseBatches(
-            inputs.data,
-            *sampling,
-            settings.device,
-            settings.unlabeled_sampling,
-            weights=weights,
-        )
-    if inputs.on_host:
-        return HostBatches(
-            inputs.data,
-            *sampling,
-            settings.device,
-            settings.unlabeled_sampling,
-            weights=weights,
-        )
+    # Rows gathered on the host are drawn there too, with torch's default CPU
+    # generator: the gather needs the indices there, and on a CPU a fit then
+    # draws the same batches however its rows are held.
+    on_host = inputs.sparse or inputs.on_host
     sampler = AssociationBatchSampler(
-        *sampling, settings.device, settings.unlabeled_sampling
+        class_indices,
+        torch.as_tensor(pool),
+        settings.labeled_per_class,
+        settings.unlabeled_batch_size,
+        "cpu" if on_host else settings.device,
+        settings.unlabeled_sampling,
     )
+    if inputs.sparse:
+        return SparseBatches(inputs.data, sampler, settings.device, weights=weights)
+    if inputs.on_host:
+        return HostBatches(inputs.data, sampler, settings.device, weights=weights)
     data = as_tensor(inputs.data).to(settings.device)
     return DeviceBatches(data, sampler, weights=weights)
 
@@ -163,20 +155,17 @@ class DeviceBatches:
         return self.weights[self._labeled]
 
 
-class HostBatches:
+class HostBatches(HostDrawnBatches):
     """Batches gathered on the host from inputs that stay there.
 
     Parameters
     ----------
     inputs : numpy.ndarray
         Every training input (a memory map, typically), never copied whole.
-    class_indices, unlabeled_indices, labeled_per_class, unlabeled_batch_size
-        As for :class:`~skassoc._engine._sampling.AssociationBatchSampler`, which draws
-        the indices on the host with torch's default CPU generator.
+    sampler : AssociationBatchSampler
+        Draws the indices on the host, as for :class:`HostDrawnBatches`.
     device : torch.device
         The training device, which holds only one batch.
-    unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
-        As for :class:`~skassoc._engine._sampling.AssociationBatchSampler`.
     weights : torch.Tensor of shape (n_samples,), default=None
         Factors on the classification loss of every sample, on the device.
 
@@ -191,36 +180,19 @@ class HostBatches:
     from a memory map sequential, then put back in the order drawn: the
     augmentation draws its noise row by row, so on a CPU a fit from a memory
     map equals the fit from the same array in memory (on a GPU the two draw
-    their batches from different generators).
+    their batches from different generators). :meth:`labeled_indices` are on
+    the device when the batches carry weights, else on the host.
     """
 
-    def __init__(
-        self,
-        inputs,
-        class_indices,
-        unlabeled_indices,
-        labeled_per_class,
-        unlabeled_batch_size,
-        device,
-        unlabeled_sampling="replacement",
-        weights=None,
-    ):
-        self.sampler = AssociationBatchSampler(
-            class_indices,
-            unlabeled_indices,
-            labeled_per_class,
-            unlabeled_batch_size,
-            "cpu",
-            unlabeled_sampling,
-        )
+    def __init__(self, inputs, sampler, device, weights=None):
+        super().__init__(sampler, device, weights)
         # Read with NumPy, never viewed by torch: a read-only memory map
         # would need a copy (see as_tensor), which is what this class avoids.
         self.inputs = inputs
         dtype = as_tensor(inputs[:0]).dtype
-        self.device = torch.device(device)
-        self.labels = self.sampler.labels.to(self.device)
-        self.n_labeled = self.sampler.labels.shape[0]
-        shape = (self.n_labeled + unlabeled_batch_size, *inputs.shape[1:])
+        self.n_labeled = self.labels.shape[0]
+        n_rows = self.n_labeled + sampler.unlabeled_batch_size
+        shape = (n_rows, *inputs.shape[1:])
         on_gpu = self.device.type == "cuda"
         self._host_buffers = [
             torch.empty(shape, dtype=dtype, pin_memory=on_gpu)
@@ -235,7 +207,6 @@ class HostBatches:
             else self._host_buffers[0]
         )
         self._turn = 0
-        self.weights = weights
         # The labeled rows' training indices, for the step to gather weights.
         self._labeled = torch.zeros(self.n_labeled, dtype=torch.long)
         if weights is not None:
@@ -271,16 +242,3 @@ class HostBatches:
     def batch(self):
         """The batch of the last :meth:`prefetch`, on the device, as float32."""
         return self._device_buffer.float()
-
-    def labeled_indices(self):
-        """Training indices of the labeled rows of the last :meth:`prefetch`.
-
-        On the device when the batches carry weights, else on the host.
-        """
-        return self._labeled
-
-    def labeled_weights(self):
-        """Loss factors of the current batch's labeled rows (None: unweighted)."""
-        if self.weights is None:
-            return None
-        return self.weights[self._labeled]

@@ -115,7 +115,7 @@ def train(models, batches, configs, runner, members):
     ----------
     models : list of AssociationModel
         On the runner's device.
-    batches : DeviceBatches or HostBatches
+    batches : DeviceBatches, HostBatches or SparseBatches
     configs : list of TrainingConfig
         One per model; they differ only in their loss weights.
     runner : DeviceRunner

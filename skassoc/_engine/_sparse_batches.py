@@ -8,25 +8,23 @@ copied to the device nor densified.
 
 import torch
 
-from ._sampling import AssociationBatchSampler
+from ._host_drawn import HostDrawnBatches
 
 __all__ = ["SparseBatches"]
 
 
-class SparseBatches:
+class SparseBatches(HostDrawnBatches):
     """The step's packed sparse rows, gathered on the host.
 
     Parameters
     ----------
     rows : SparseRows
         Every training row.
-    class_indices, unlabeled_indices, labeled_per_class, unlabeled_batch_size
-        As for :class:`~skassoc._engine._sampling.AssociationBatchSampler`,
-        which draws the indices on the host with torch's default CPU
-        generator.
+    sampler : AssociationBatchSampler
+        Draws the indices on the host, as for
+        :class:`~skassoc._engine._host_drawn.HostDrawnBatches`.
     device : torch.device
         The training device.
-    unlabeled_sampling : {"replacement", "epochs"}, default="replacement"
     weights : torch.Tensor of shape (n_samples,), default=None
         Factors on the classification loss of every sample, on the device.
 
@@ -39,30 +37,9 @@ class SparseBatches:
     which is why sparse fits run without a CUDA graph.
     """
 
-    def __init__(
-        self,
-        rows,
-        class_indices,
-        unlabeled_indices,
-        labeled_per_class,
-        unlabeled_batch_size,
-        device,
-        unlabeled_sampling="replacement",
-        weights=None,
-    ):
-        self.sampler = AssociationBatchSampler(
-            class_indices,
-            unlabeled_indices,
-            labeled_per_class,
-            unlabeled_batch_size,
-            "cpu",
-            unlabeled_sampling,
-        )
+    def __init__(self, rows, sampler, device, weights=None):
+        super().__init__(sampler, device, weights)
         self.rows = rows
-        self.device = torch.device(device)
-        self.labels = self.sampler.labels.to(self.device)
-        self.weights = weights
-        self._labeled = None
         self._batch = None
 
     def prefetch(self):
@@ -76,13 +53,3 @@ class SparseBatches:
     def batch(self):
         """The packed rows of the last :meth:`prefetch`, on the device."""
         return self._batch
-
-    def labeled_indices(self):
-        """Training indices of the labeled rows of the last :meth:`prefetch`."""
-        return self._labeled
-
-    def labeled_weights(self):
-        """Loss factors of the current batch's labeled rows (None: unweighted)."""
-        if self.weights is None:
-            return None
-        return self.weights[self._labeled]

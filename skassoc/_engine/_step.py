@@ -159,7 +159,7 @@ class AssociationStep:
     models : list of AssociationModel
         The models, on the training device; model ``k`` weighs its losses
         with ``configs[k].loss_weights``.
-    batches : DeviceBatches or HostBatches
+    batches : DeviceBatches, HostBatches or SparseBatches
         Draws and gathers the batch (``_batches``); call :meth:`prefetch`
         before every step, outside a captured graph.
     configs : list of TrainingConfig
