@@ -7,10 +7,11 @@ class there, so neither uncertainty nor round trips reveal it). What it
 changes that the training data can show is the share of the unlabeled
 samples each class receives: the class that takes the style grows by the
 style's share. The report compares the predicted shares with the shares
-the fit expects (the given ``class_prior``, else those of the labels), and
-adds what the association graph says about the unlabeled samples: how many
-lie in regions that no labeled sample's walk reaches, and how often round
-trips change class.
+the fit expects (the given ``class_prior``, or those of labels drawn at
+random; labels drawn as many a class say nothing about the classes'
+shares, and then the shares go unchecked), and adds what the association
+graph says about the unlabeled samples: how many lie in regions that no
+labeled sample's walk reaches, and how often round trips change class.
 
 The scores are computed on at most :data:`REPORT_SAMPLES` unlabeled samples
 and :data:`REPORT_LABELED` labeled ones (random subsets beyond), from one
@@ -69,7 +70,8 @@ LOW_VISIT = 0.5
 REPORT_SCORES = {
     "class_share_excess": (
         "largest excess of a class's predicted share of the unlabeled samples "
-        "over its expected share (label shares, or class_prior when given)"
+        "over its expected share (class_prior when given, or the shares of "
+        "labels drawn at random)"
     ),
     "class_share_ratio": "that class's predicted share over its expected share",
     "class_share_z": "that class's excess in standard errors of its share",
@@ -100,14 +102,16 @@ class FitReport:
     verdict : {"ok", "suspect", "not checked"}
         ``"suspect"`` when a class takes a markedly larger share of the
         unlabeled samples than expected (see ``reasons``); ``"not checked"``
-        when the fit has no unlabeled or too few labeled samples.
+        when the fit has no unlabeled samples or a single class, or when
+        the classes' expected shares are unknown (``class_prior="auto"``
+        with as many labels a class; ``reasons`` says which).
     reasons : tuple of str
         Why the verdict is not ``"ok"``, in words.
     scores : dict of str to float
         The scores of :data:`REPORT_SCORES` (NaN where not computed).
     predicted_shares, expected_shares : dict of label to float
         Per class: its share of the unlabeled samples' predictions, and the
-        share the fit expects.
+        share the fit expects (empty when unknown).
     n_labeled, n_unlabeled : int
         Samples the report was computed on.
     """
@@ -295,8 +299,9 @@ def diagnose_embeddings(
     emb_unlabeled : ndarray of shape (n_unlabeled, dim)
     proba_unlabeled : ndarray of shape (n_unlabeled, n_classes)
         The probabilities that predictions take the largest of.
-    expected : ndarray of shape (n_classes,)
-        The shares the fit expects.
+    expected : ndarray of shape (n_classes,) or None
+        The shares the fit expects; None when unknown (see
+        :func:`expected_shares`).
     classes : ndarray of shape (n_classes,)
     expected_from : int, optional
         See :func:`class_share_scores`.
@@ -314,6 +319,21 @@ def diagnose_embeddings(
             n_labeled=n_labeled,
             n_unlabeled=n_unlabeled,
         )
+    graph_scores = {
+        **_graph_scores(emb_labeled, y_labeled, emb_unlabeled),
+        "label_agreement": float(np.mean(proba_labeled.argmax(1) == y_labeled)),
+    }
+    if expected is None:
+        shares = np.bincount(proba_unlabeled.argmax(1), minlength=n_classes)
+        return FitReport(
+            "not checked",
+            (_UNKNOWN_SHARES,),
+            {**dict.fromkeys(_SHARE_SCORES, math.nan), **graph_scores},
+            dict(zip(classes.tolist(), (shares / n_unlabeled).tolist(), strict=True)),
+            {},
+            n_labeled,
+            n_unlabeled,
+        )
     shares, worst, excess, z = class_share_scores(
         proba_unlabeled, expected, expected_from
     )
@@ -322,8 +342,7 @@ def diagnose_embeddings(
         "class_share_excess": excess,
         "class_share_ratio": float(ratio),
         "class_share_z": z,
-        **_graph_scores(emb_labeled, y_labeled, emb_unlabeled),
-        "label_agreement": float(np.mean(proba_labeled.argmax(1) == y_labeled)),
+        **graph_scores,
     }
     reasons = ()
     if is_suspect(scores):
@@ -343,6 +362,16 @@ def diagnose_embeddings(
         n_labeled,
         n_unlabeled,
     )
+
+
+_SHARE_SCORES = ("class_share_excess", "class_share_ratio", "class_share_z")
+_UNKNOWN_SHARES = (
+    "the classes' shares are unknown, so they were not checked: the labels "
+    "are as many a class, which says nothing about how frequent the classes "
+    "are, and class_prior='auto' assumes nothing. Pass class_prior='uniform' "
+    "if the classes are about equally frequent, or their frequencies, to "
+    "have the fit's class shares checked."
+)
 
 
 def is_suspect(scores):
@@ -379,14 +408,17 @@ def report_samples(encoded, seed):
 def expected_shares(class_prior, encoded, n_classes):
     """The shares a fit expects, and how many labels they were drawn from.
 
-    Given frequencies, and ``"uniform"``, are what the user says; with
-    ``"auto"`` the labels' shares are expected. Equal label counts mean
-    labels drawn a fixed number a class, whose shares are exact by design;
-    unequal ones are read as a random draw, whose shares are noisy.
+    Given frequencies, and ``"uniform"``, are what the user says. With
+    ``"auto"`` the fit assumes no frequencies (it estimates them from the
+    very predictions the report checks); labels of unequal counts are read
+    as a random draw, whose shares estimate the classes' (with sampling
+    noise), while labels of equal counts were drawn as many a class and say
+    nothing about them: then no share is expected.
 
     Returns
     -------
-    expected : ndarray of shape (n_classes,)
+    expected : ndarray of shape (n_classes,) or None
+        None when the shares are unknown (the class shares go unchecked).
     expected_from : int or None
         The number of labels, when their shares carry sampling noise.
     """
@@ -395,10 +427,9 @@ def expected_shares(class_prior, encoded, n_classes):
     if class_prior == "uniform":
         return uniform_prior(n_classes), None
     counts = np.bincount(encoded[encoded >= 0], minlength=n_classes)
-    if counts.sum() == 0:
-        return uniform_prior(n_classes), None
-    equal = bool(np.all(counts == counts[0]))
-    return counts / counts.sum(), None if equal else int(counts.sum())
+    if counts.sum() == 0 or np.all(counts == counts[0]):
+        return None, None
+    return counts / counts.sum(), int(counts.sum())
 
 
 def fit_report(embed, logits_layer, encoded, classes, class_prior, seed):

@@ -167,8 +167,9 @@ def _typical_picks(points, labels, order, n_labels, rng):
 
 
 def _class_ratios(report, classes):
-    """Predicted over expected share per class (1 without a report)."""
-    if report is None or not report.predicted_shares:
+    """Predicted over expected share per class (1 without a report or
+    expected shares)."""
+    if report is None or not report.expected_shares:
         return np.ones(len(classes))
     return np.array(
         [

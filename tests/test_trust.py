@@ -200,7 +200,8 @@ def test_random_labels_noise_and_given_prior_set_the_expected_shares():
     np.testing.assert_allclose(shares, [0.8, 0.2])
     assert noisy_from == 10  # unequal counts: a random draw, noisy shares
     equal = np.r_[np.zeros(5, int), np.ones(5, int)]
-    assert expected_shares("auto", equal, 2)[1] is None  # drawn a fixed number a class
+    # Drawn as many a class: nothing known about the classes' shares.
+    assert expected_shares("auto", equal, 2) == (None, None)
     np.testing.assert_allclose(expected_shares("uniform", encoded, 2)[0], [0.5, 0.5])
     given = np.array([0.9, 0.1])
     assert expected_shares(given, encoded, 2)[0] is not None
@@ -295,3 +296,26 @@ def test_walk_visits_over_blocks_of_the_pool_equal_those_over_all_of_it(
     expected = np.exp(pool @ anchors[0])
     expected *= len(pool) / expected.sum()
     np.testing.assert_allclose(suggest._visits(pool, anchors[:1]), expected, rtol=1e-4)
+
+
+def test_shares_go_unchecked_when_the_labels_are_as_many_a_class():
+    # A 70/30 split, as a good fit of imbalanced classes predicts it: with
+    # as many labels a class, "auto" knows nothing to compare it with.
+    report = diagnose_embeddings(
+        *_parts(np.repeat([0, 1], [700, 300])), None, np.array(["cat", "dog"])
+    )
+    assert (
+        report.verdict == "not checked" and "class_prior='uniform'" in report.reasons[0]
+    )
+    assert np.isnan(report.scores["class_share_ratio"])
+    assert report.predicted_shares == {"cat": 0.7, "dog": 0.3}
+    assert report.expected_shares == {}
+    assert np.isfinite(report.scores["round_trip_change"])
+    assert FitReport.from_dict(report.to_dict(), np.array(["cat", "dog"])) == report
+    # Told that the classes are equally frequent, the same fit is suspect.
+    uniform = diagnose_embeddings(
+        *_parts(np.repeat([0, 1], [700, 300])),
+        np.array([0.5, 0.5]),
+        np.array(["cat", "dog"]),
+    )
+    assert uniform.verdict == "suspect"
