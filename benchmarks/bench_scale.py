@@ -1,7 +1,8 @@
 """Scaling out and up: parallel search, large unlabeled batches, memmap pools.
 
 Three sections (``--only SECTION``; the JSON keeps the others), described in
-``docs/benchmarks/speed.rst``; the table shows section ``batch``::
+``docs/benchmarks/speed.rst``; the table file shows each section held in the
+JSON under a rubric of its own::
 
     python benchmarks/bench_scale.py --device cuda
     python benchmarks/bench_scale.py --device cpu --only memmap \\
@@ -198,15 +199,73 @@ def measure(args):
 
 
 def render(results):
+    """The table of every section the results hold, each under a rubric of
+    its own (the docs show each one ``:after:`` its rubric)."""
+    parts = [
+        f".. rubric:: {title}\n\n{table(results[name])}"
+        for name, title, table in (
+            ("search", "GridSearchCV on one GPU, serial and in threads", _search_table),
+            ("batch", "Large unlabeled batches on one GPU", _batch_table),
+            ("memmap", "A memory-mapped pool of images", _memmap_table),
+        )
+        if name in results
+    ]
+    return "\n\n".join(parts) if parts else None
+
+
+def _search_table(section):
+    """Section ``search``: the grid's wall time one fit after another and in
+    joblib's threads, and the spread of the candidates' test errors."""
+    header = ["Search", "Candidates", "Steps a fit", "Wall s", "Speed-up"]
+    header.append("Error % (min-max)")
+    modes = {"serial": "one after another", "threads": "in threads (joblib)"}
+    cells = []
+    for r in section["rows"]:
+        errors = r["test_error_percent"]
+        cells.append(
+            [
+                modes.get(r["mode"], r["mode"]),
+                f"{r['candidates']}",
+                f"{r['steps_per_fit']:,}",
+                f"{r['seconds']:.1f}",
+                f"{r['speedup_vs_serial']:.2f}",
+                f"{min(errors):.2f}-{max(errors):.2f}",
+            ]
+        )
+    return h.rst_table(header, cells)
+
+
+def _batch_table(section):
     """Section ``batch``: ms per step and peak GPU memory by batch size."""
-    if "batch" not in results:
-        return None
     header = ["Unlabeled batch", "Precision", "ms/step", "Peak GPU MiB"]
     cells = []
-    for r in results["batch"]["rows"]:
+    for r in section["rows"]:
         ms = f"{r['ms_per_step']:.2f}" if "ms_per_step" in r else r["status"]
         mib = f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a"
         cells.append([f"{r['unlabeled_batch_size']:,}", r["precision"], ms, mib])
+    return h.rst_table(header, cells)
+
+
+def _memmap_table(section):
+    """Section ``memmap``: the pool's fit against the in-memory one, and the
+    growth of the process's private memory during the pool's fit."""
+    r = section["row"]
+    header = ["Pool images", "File MiB", "Steps", "ms/step, memory map"]
+    header += ["ms/step, in memory", "Private memory growth MiB", "Peak GPU MiB"]
+    header.append("Error %")
+    gpu = f"{r['peak_gpu_mib']:,.0f}" if "peak_gpu_mib" in r else "n/a"
+    cells = [
+        [
+            f"{r['pool_images']:,}",
+            f"{r['file_mib']:,.0f}",
+            f"{r['steps']:,}",
+            f"{r['ms_per_step_memmap']:.2f}",
+            f"{r['ms_per_step_in_memory_60k']:.2f}",
+            f"{r['peak_private_memory_growth_mib']:.1f}",
+            gpu,
+            f"{r['test_error_percent']:.2f}",
+        ]
+    ]
     return h.rst_table(header, cells)
 
 
