@@ -421,6 +421,14 @@ class SemiSupervisedAssociationClassifier(
         every parameter, a new value takes effect at the next ``fit``. The
         validation scores measured during training (see
         ``early_stopping``) use the network's own probabilities.
+    fit_report : bool, default=True
+        Whether ``fit`` ends by checking the trained model on its training
+        data (:attr:`fit_report_`, and a warning when it finds the fit
+        suspect). The check costs one forward pass over at most 50,000
+        unlabeled and 2,000 labeled training samples; ``False`` skips it
+        (a search's candidates, say), leaving ``fit_report_`` None, and
+        ``suggest_labels`` then ranks its regions without the report's class
+        shares.
     callbacks : list of Callback, default=None
         Objects whose hooks ``fit`` calls between training steps (never
         inside the captured CUDA graph): ``on_fit_begin``, ``on_log`` at
@@ -490,8 +498,9 @@ class SemiSupervisedAssociationClassifier(
         of the unlabeled samples than expected, which is how a style of one
         class handed to another shows), its reasons and scores (see
         :data:`~skassoc.REPORT_SCORES`). A suspect fit of at least 100
-        steps warns (:class:`~skassoc.FitReportWarning`). None for a model
-        file saved without it or a fit interrupted while computing it.
+        steps warns (:class:`~skassoc.FitReportWarning`). None with
+        ``fit_report=False``, for a model file saved without it or a fit
+        interrupted while computing it.
     validation_scores_ : list of float or None
         Validation accuracy at every validation of the last ``fit``
         (``history_["validation_score"]``); None when it measured none.
@@ -602,6 +611,7 @@ class SemiSupervisedAssociationClassifier(
         tol=1e-4,
         class_weight=None,
         class_prior="auto",
+        fit_report=True,
         callbacks=None,
         devices=None,
         resume_from=None,
@@ -647,6 +657,7 @@ class SemiSupervisedAssociationClassifier(
         self.tol = tol
         self.class_weight = class_weight
         self.class_prior = class_prior
+        self.fit_report = fit_report
         self.callbacks = callbacks
         self.devices = devices
         self.resume_from = resume_from

@@ -211,7 +211,8 @@ def _set_state(estimator, model, result, inputs, settings):
     class_prior = report = None
     try:
         class_prior = estimator._fitted_class_prior(model, inputs, settings)
-        report = estimator._fit_report(model, inputs, settings)
+        if estimator.fit_report:
+            report = estimator._fit_report(model, inputs, settings)
     except KeyboardInterrupt:
         # Training has ended: its model is kept, without a report and (when
         # they were being estimated) with equal class frequencies.

@@ -472,6 +472,13 @@ PARAMS = (
         part="prediction",
     ),
     Param(
+        "fit_report",
+        default=True,
+        constraints=("boolean",),
+        file_domain=one_of(True, False),
+        part="fit",
+    ),
+    Param(
         "callbacks",
         default=None,
         constraints=(None, list, tuple),

@@ -25,6 +25,7 @@ _NOT_IN_KEY = frozenset(
         "warm_start",
         "resume_from",
         "predict_batch_size",
+        "fit_report",
     }
 )
 
@@ -34,13 +35,14 @@ class RunStore:
 
     A fit given ``resume_from=RunStore(directory)`` looks there for the run
     of an earlier fit with the same parameters (all but ``max_iter``,
-    ``verbose``, ``callbacks``, ``warm_start`` and ``predict_batch_size``)
-    on the same training data (``X``, ``y`` and ``sample_weight``, compared
-    by their hash). If that run stopped before this fit's ``max_iter``, the
-    fit continues it, as ``warm_start`` continues an estimator's own run;
-    otherwise it trains from scratch. Either way it stores its own run there
-    when it ends (a model file with the run's state, one per parameters and
-    data), replacing the earlier one.
+    ``verbose``, ``callbacks``, ``warm_start``, ``predict_batch_size`` and
+    ``fit_report``) on the same training data (``X``, ``y`` and
+    ``sample_weight``, compared by their hash). If that run stopped before
+    this fit's ``max_iter``, the fit continues it, as ``warm_start``
+    continues an estimator's own run; otherwise it trains from scratch.
+    Either way it stores its own run there when it ends (a model file with
+    the run's state, one per parameters and data), replacing the earlier
+    one.
 
     This lets successive halving over ``max_iter`` continue each
     candidate's run from round to round, though every round fits a fresh

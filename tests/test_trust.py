@@ -319,3 +319,27 @@ def test_shares_go_unchecked_when_the_labels_are_as_many_a_class():
         np.array(["cat", "dog"]),
     )
     assert uniform.verdict == "suspect"
+
+
+def test_fit_report_false_skips_the_check(monkeypatch, tmp_path):
+    rng = np.random.default_rng(0)
+    X = _blobs(np.eye(2, 4) * 3, [40, 40], rng)
+    y = np.full(80, -1)
+    y[[0, 1, 40, 41]] = [0, 0, 1, 1]
+    calls = []
+    original = SemiSupervisedAssociationClassifier._fit_report
+
+    def counted(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(SemiSupervisedAssociationClassifier, "_fit_report", counted)
+    params = {"max_iter": 3, "random_state": 0}
+    checked = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    assert len(calls) == 1 and isinstance(checked.fit_report_, FitReport)
+    clf = SemiSupervisedAssociationClassifier(fit_report=False, **params).fit(X, y)
+    assert len(calls) == 1 and clf.fit_report_ is None
+    assert len(clf.suggest_labels(X, 2, y=y, random_state=0)) == 2
+    clf.save(tmp_path / "model.skassoc")
+    loaded = SemiSupervisedAssociationClassifier.load(tmp_path / "model.skassoc")
+    assert loaded.fit_report_ is None and loaded.fit_report is False
