@@ -1081,8 +1081,11 @@ class SemiSupervisedAssociationClassifier(
         many regions as there are labeled samples and new labels, and
         returns the most typical sample of each region without a label,
         the largest first, weighted up where the predicted class exceeds
-        its expected share (``fit_report_``) and where the walks from the
-        labeled samples rarely go. Label them and fit again.
+        its expected share (``fit_report_``, where it knows the expected
+        shares) and where the walks from the labeled samples rarely go.
+        When more labels are asked for than there are regions without one,
+        the rest come from the other regions, each distinct sample before
+        any copy of one. Label them and fit again.
 
         Parameters
         ----------
@@ -1103,8 +1106,8 @@ class SemiSupervisedAssociationClassifier(
         Returns
         -------
         indices : ndarray of int
-            Indices into ``X`` of the suggested samples, in the order to
-            label them.
+            Positions in ``X`` of the suggested samples (``X.iloc[indices]``
+            for a DataFrame), in the order to label them.
 
         See Also
         --------

@@ -93,7 +93,7 @@ class FitReportWarning(UserWarning):
     """Warned by ``fit`` when its :class:`FitReport` says ``"suspect"``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FitReport:
     """What a fit says about itself, from its training data alone.
 
@@ -123,6 +123,17 @@ class FitReport:
     expected_shares: dict = field(default_factory=dict)
     n_labeled: int = 0
     n_unlabeled: int = 0
+
+    def __eq__(self, other):
+        # Through the JSON values, where a NaN score (not computed) is None:
+        # NaN is unequal to itself, which would make equal reports differ.
+        if not isinstance(other, FitReport):
+            return NotImplemented
+        return self.to_dict() == other.to_dict() and list(
+            self.predicted_shares
+        ) == list(other.predicted_shares)
+
+    __hash__ = None
 
     def __str__(self):
         lines = [f"verdict: {self.verdict}"]
@@ -316,6 +327,7 @@ def diagnose_embeddings(
         return FitReport(
             "not checked",
             ("the fit has no unlabeled samples or a single class",),
+            dict.fromkeys(REPORT_SCORES, math.nan),
             n_labeled=n_labeled,
             n_unlabeled=n_unlabeled,
         )

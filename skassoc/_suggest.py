@@ -45,17 +45,34 @@ def _normalised(embeddings):
     return embeddings / np.maximum(norms, 1e-12)
 
 
-def _cluster(points, n_clusters, rng):
+def _cluster(points, n_clusters, rng, weights):
+    """Regions of the distinct ``points``, each weighted by its copies."""
     kind = KMeans if len(points) <= FULL_KMEANS_SAMPLES else MiniBatchKMeans
     model = kind(n_clusters=n_clusters, n_init=1, random_state=rng)
     with warnings.catch_warnings():
-        # A pool of repeated rows has fewer distinct points than regions;
-        # the empty regions are skipped and the picks topped up from the
-        # others (_typical_picks), so k-means' warning says nothing to act on.
+        # Mini-batch k-means can still leave a region empty; empty regions
+        # are skipped and the picks topped up from the others
+        # (_typical_picks), so its warning says nothing to act on.
         warnings.filterwarnings(
             "ignore", "Number of distinct clusters", ConvergenceWarning
         )
-        return model.fit_predict(points), model
+        return model.fit_predict(points, sample_weight=weights), model
+
+
+def _distinct(points):
+    """Where each distinct row of ``points`` first is (in the pool's order,
+    so a pool without repeats is clustered as it is), each row's distinct
+    row and the copies of each. Rows are compared as strings of bytes, so
+    that a large pool sorts in one dimension."""
+    rows = np.ascontiguousarray(points)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
+    _, first, inverse, counts = np.unique(
+        keys.ravel(), return_index=True, return_inverse=True, return_counts=True
+    )
+    by_position = np.argsort(first)
+    rank = np.empty_like(by_position)
+    rank[by_position] = np.arange(len(by_position))
+    return first[by_position], rank[inverse.ravel()], counts[by_position]
 
 
 def _visits(pool, anchors):
@@ -66,6 +83,9 @@ def _visits(pool, anchors):
     blocks = torch.split(torch.as_tensor(pool, dtype=torch.float32), VISIT_CHUNK)
     visit = torch.zeros(len(pool))
     for rows in torch.split(a, 256):
+        if len(blocks) == 1:
+            visit += torch.softmax(rows @ blocks[0].T, dim=1).sum(0)
+            continue
         # Each anchor's softmax over the whole pool, a block of samples at a
         # time: the normaliser first, then the visits.
         norm = torch.stack([torch.logsumexp(rows @ b.T, 1) for b in blocks], 1)
@@ -136,9 +156,13 @@ def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
     """
     rng = check_random_state(random_state)
     n_labels = min(n_labels, len(pool))
-    n_regions = min(len(pool), len(anchors) + n_labels)
     points = _normalised(pool.astype(np.float32))
-    labels, model = _cluster(points, n_regions, rng)
+    # Clustered once per distinct row, weighted by its copies: a pool of
+    # repeated rows has fewer distinct points than regions otherwise.
+    first, distinct_of, copies = _distinct(points)
+    n_regions = min(len(first), len(anchors) + n_labels)
+    regions, model = _cluster(points[first], n_regions, rng, copies)
+    labels = regions[distinct_of]
     covered = np.zeros(n_regions, dtype=int)
     if len(anchors):
         covered = np.bincount(
@@ -147,22 +171,35 @@ def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
         )
     visits = _visits(pool, anchors)
     order = rank_regions(labels, covered, visits, class_ratio)
-    return np.asarray(_typical_picks(points, labels, order, n_labels, rng), np.intp)
+    picks = _typical_picks(points, labels, distinct_of, order, n_labels, rng)
+    return np.asarray(picks, dtype=np.intp)
 
 
-def _typical_picks(points, labels, order, n_labels, rng):
+def _typical_picks(points, labels, distinct_of, order, n_labels, rng):
     """The most typical sample of each region in ``order``, then again among
-    the samples left, until there are ``n_labels``: a pool of repeated rows
-    can leave fewer regions than labels asked for."""
+    the samples left, until there are ``n_labels`` (regions can be fewer
+    than labels). No row is picked twice, in copies, while another distinct
+    row is left."""
+    members = np.split(
+        np.argsort(labels, kind="stable"),
+        np.cumsum(np.bincount(labels, minlength=max(order, default=0) + 1))[:-1],
+    )
     picks, taken = [], np.zeros(len(points), dtype=bool)
+    row_taken = np.zeros(distinct_of.max() + 1, dtype=bool)
+    rotation = list(order)
     while len(picks) < n_labels:
-        for region in order:
-            members = np.flatnonzero((labels == region) & ~taken)
-            if len(members):
-                picks.append(_most_typical(points, members, rng))
-                taken[picks[-1]] = True
+        fresh_only = not row_taken.all()
+        for region in rotation:
+            left = members[region][~taken[members[region]]]
+            if fresh_only:
+                left = left[~row_taken[distinct_of[left]]]
+            if len(left):
+                picks.append(_most_typical(points, left, rng))
+                taken[picks[-1]] = row_taken[distinct_of[picks[-1]]] = True
             if len(picks) == n_labels:
                 break
+        # Regions whose samples are all picked leave the rotation.
+        rotation = [r for r in rotation if not taken[members[r]].all()]
     return picks
 
 

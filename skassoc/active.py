@@ -78,14 +78,24 @@ def association_sampling(classifier, X_pool, n_instances=1, *, random_state=None
 
 def _stack_rows(first, second):
     """The rows of ``first`` then ``second``, in ``second``'s form: sparse
-    rows stay sparse, and a pandas DataFrame keeps its column names (the
-    estimator checks them against those it was fitted with)."""
+    rows stay sparse, and a pandas DataFrame keeps its column names in its
+    own order (the estimator checks them against those it was fitted with).
+    """
     if sp.issparse(second):
-        return sp.vstack([first, second], format="csr")
+        return sp.vstack([sp.csr_matrix(first), second], format="csr")
+    if sp.issparse(first):
+        first = first.toarray()  # labeled samples: few
     if hasattr(second, "iloc") and hasattr(second, "columns"):
         import pandas as pd  # a DataFrame pool: pandas is installed
 
         if not hasattr(first, "columns"):
             first = pd.DataFrame(np.asarray(first), columns=second.columns)
-        return pd.concat([first, second], ignore_index=True)
+        elif set(first.columns) != set(second.columns):
+            raise ValueError(
+                "The learner's X_training and X_pool have different columns: "
+                f"{sorted(map(str, set(first.columns) ^ set(second.columns)))} "
+                "are in one only. Give both the columns the estimator was "
+                "fitted on."
+            )
+        return pd.concat([first[list(second.columns)], second], ignore_index=True)
     return np.concatenate([np.asarray(first), np.asarray(second)])

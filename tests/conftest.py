@@ -17,6 +17,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits, make_blobs
 
+import skassoc
+
 # A tiny MLP trained for a few dozen steps on the CPU: a fit takes a fraction
 # of a second, and on well-separated blobs it still learns the classes.
 FAST_PARAMS = types.MappingProxyType(
@@ -87,7 +89,11 @@ try:
 finally:
     done.set()
     watcher.join()
-print(json.dumps({{"grown_mib": (peak[0] - baseline) / 1024, "result": result}}))
+print(json.dumps({{
+    "grown_mib": (peak[0] - baseline) / 1024,
+    "result": result,
+    "skassoc": sys.modules["skassoc"].__file__,
+}}))
 """
 
 
@@ -98,6 +104,11 @@ def peak_memory_growth():
     ``(MiB of private memory measured() added at its peak, its result)``.
     Linux only (it reads /proc)."""
 
+    # The checkout's skassoc, wherever pytest was started from (an
+    # installed copy in site-packages would be measured otherwise).
+    root = os.path.dirname(os.path.dirname(skassoc.__file__))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+
     def run(source, *args):
         done = subprocess.run(
             [
@@ -106,7 +117,8 @@ def peak_memory_growth():
                 _MEMORY_HARNESS.format(source=source),
                 json.dumps(args),
             ],
-            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONPATH": path},
+            cwd=root,
             capture_output=True,
             text=True,
             timeout=180,
@@ -114,6 +126,7 @@ def peak_memory_growth():
         )
         assert done.returncode == 0, done.stderr
         measured = json.loads(done.stdout.strip().splitlines()[-1])
+        assert measured["skassoc"] == skassoc.__file__, measured["skassoc"]
         return measured["grown_mib"], measured["result"]
 
     return run

@@ -260,12 +260,17 @@ def test_association_sampling_keeps_a_dataframes_column_names():
     y = np.full(80, -1)
     y[[0, 1, 40, 41]] = [0, 0, 1, 1]
     clf = SemiSupervisedAssociationClassifier(max_iter=3, random_state=0).fit(X, y)
-    learner = type("Learner", (), {"estimator": clf, "X_training": X.iloc[:2]})()
+    # The learner's labeled rows with their columns in another order.
+    labeled = X.iloc[:2][list("dcba")]
+    learner = type("Learner", (), {"estimator": clf, "X_training": labeled})()
     with warnings.catch_warnings():
         # The estimator warns when X lacks the names it was fitted with.
         warnings.simplefilter("error", UserWarning)
         chosen = association_sampling(learner, X.iloc[2:], n_instances=3)
     assert len(set(chosen.tolist())) == 3 and chosen.max() < 78
+    learner.X_training = X.iloc[:2].assign(e=1.0)
+    with pytest.raises(ValueError, match=r"different columns: \['e'\]"):
+        association_sampling(learner, X.iloc[2:], n_instances=3)
 
 
 def test_a_pool_of_repeated_rows_still_gives_every_pick_asked_for():
@@ -343,3 +348,15 @@ def test_fit_report_false_skips_the_check(monkeypatch, tmp_path):
     clf.save(tmp_path / "model.skassoc")
     loaded = SemiSupervisedAssociationClassifier.load(tmp_path / "model.skassoc")
     assert loaded.fit_report_ is None and loaded.fit_report is False
+
+
+def test_every_distinct_row_is_picked_before_any_row_twice(monkeypatch):
+    import skassoc._suggest as suggest
+
+    # Mini-batch k-means (as on large pools) on one row repeated 600 times
+    # and 19 others: clustered by distinct row, no region goes empty.
+    monkeypatch.setattr(suggest, "FULL_KMEANS_SAMPLES", 0)
+    distinct = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    pool = np.concatenate([np.repeat(distinct[:1], 600, axis=0), distinct[1:]])
+    picks = suggest.suggest_from_embeddings(pool, pool[:0], np.ones(len(pool)), 20, 0)
+    assert len({tuple(row) for row in pool[picks]}) == 20

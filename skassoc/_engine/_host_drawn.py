@@ -23,6 +23,8 @@ class HostDrawnBatches:
     """
 
     def __init__(self, sampler, device, weights=None):
+        # The rows are gathered on the host at the indices drawn there.
+        assert sampler.device.type == "cpu", "host batches need a CPU sampler"
         self.sampler = sampler
         self.device = torch.device(device)
         # The step reads the labels on the device; the sampler keeps its own.
