@@ -1,16 +1,28 @@
 """One fit on 1, 2 and 4 GPUs: training throughput and scaling efficiency.
 
-``docs/benchmarks/speed.rst`` says what the table measures::
+``docs/benchmarks/speed.rst`` says what the tables measure::
 
     python benchmarks/bench_multi_gpu.py --gpus 1,2,4
+    python benchmarks/bench_multi_gpu.py --gpus 1,4 --only accuracy
+    python benchmarks/bench_multi_gpu.py --device cpu --only accuracy \\
+        --gpus 1,2 --accuracy-steps 5 --train-subset 2000 --eval-subset 500
     python benchmarks/bench_multi_gpu.py --render-only
 
 Every run starts one process per GPU, as ``torchrun`` would, joins them in an
-NCCL group, and fits the same data in each (skassoc then trains
-data-parallel: each process embeds its share of every step's batch). The
-time is that of the steps between the first and the last log point of a fit
-(after a warm-up fit), so process start-up, input checks and CUDA-graph
-capture are left out.
+NCCL group (gloo with ``--device cpu``), and fits the same data in each
+(skassoc then trains data-parallel: each process embeds its share of every
+step's batch). Two sections (``--only SECTION``; the JSON keeps the other):
+
+``throughput``
+    The time of the steps between the first and the last log point of a fit
+    (after a warm-up fit), so process start-up, input checks and CUDA-graph
+    capture are left out.
+``accuracy``
+    The test error of ``--accuracy-draws`` label draws fitted with
+    ``--accuracy-recipe`` on one GPU and on the most GPUs of ``--gpus``: the
+    same global batch and steps, so the errors should agree within the
+    spread of the draws. Rendered under a rubric of its own, after the
+    throughput table.
 """
 
 import os
@@ -18,12 +30,14 @@ import tempfile
 import time
 
 import _harness as h
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from skassoc import SemiSupervisedAssociationClassifier, recipe_params
+from skassoc import RECIPES, SemiSupervisedAssociationClassifier, recipe_params
 from skassoc.callbacks import Callback
+from skassoc.datasets import make_semi_supervised_labels
 
 #: The cases: estimator parameters on MNIST with 10 labels a class.
 CASES = {
@@ -38,17 +52,60 @@ CASES = {
     },
 }
 LABELED = 10 * 10  # 10 classes, 10 labeled samples a class a step
+SECTIONS = ("throughput", "accuracy")
+#: Labels a class of every accuracy draw, as the other MNIST benchmarks draw them.
+ACCURACY_LABELS = 10
+ACCURACY_RUBRIC = "Test error on one GPU and on several, the same global batch"
 
 
 def parse_args(argv=None):
     parser = h.make_parser(__doc__.split("\n")[0], "multi_gpu", cases=False)
     parser.set_defaults(device="cuda")
     add = parser.add_argument
-    add("--gpus", default="1,2,4", help="GPU counts to run (those available)")
+    add(
+        "--gpus",
+        default="1,2,4",
+        help="GPU counts to run (those available; processes with --device cpu)",
+    )
+    add("--only", action="append", choices=SECTIONS, help="run this section")
     add("--steps", type=h.bounded_int(20), default=400, help="steps of a timed fit")
     add("--seed", type=h.seed_int, default=0, help="labels and init seed")
     add("--cuda-graph", choices=["auto", "off"], default="auto")
-    return h.parse(parser, argv)
+    draws = h.bounded_int(1, h.MAX_DRAWS)
+    add("--accuracy-draws", type=draws, default=5, help="label draws 0..N-1")
+    mnist = sorted(n for n, r in RECIPES.items() if r.get("network") == "mnist")
+    add("--accuracy-recipe", choices=mnist, default="fast")
+    add("--accuracy-steps", type=h.bounded_int(1), help="default: the recipe's")
+    add(
+        "--train-subset",
+        type=h.bounded_int(1, h.MNIST_TRAIN_IMAGES),
+        help="accuracy: the first N training images (default all)",
+    )
+    add(
+        "--eval-subset",
+        type=h.bounded_int(1, h.MNIST_TEST_IMAGES),
+        help="accuracy: the first N test images (default all)",
+    )
+    args = h.parse(parser, argv)
+    args.gpu_counts = _counts(parser, args.gpus)
+    args.only = args.only or list(SECTIONS)
+    if not args.device.startswith("cuda") and "throughput" in args.only:
+        parser.error(
+            "the throughput section times GPUs (--device cuda); on another "
+            "device run --only accuracy"
+        )
+    return args
+
+
+def _counts(parser, text):
+    """``--gpus`` as a sorted list of distinct positive ints, else a usage error."""
+    try:
+        counts = sorted({int(c) for c in text.split(",")})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        parser.error(f"--gpus takes counts such as 1,2,4, not {text!r}")
+    return counts
 
 
 class _StepClock(Callback):
@@ -62,12 +119,21 @@ class _StepClock(Callback):
         self.points.append((run.step, time.perf_counter()))
 
 
-def _worker(rank, world, rendezvous, args, case, out):
-    torch.cuda.set_device(rank)
+def _join(rank, world, rendezvous, device_type):
+    """Process ``rank`` of ``world`` on its GPU (or a CPU), in the group."""
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(1)  # one core a process, as a CPU fit would get
     if world > 1:
+        backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(
-            "nccl", init_method=f"file://{rendezvous}", rank=rank, world_size=world
+            backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world
         )
+
+
+def _worker(rank, world, rendezvous, args, case, out):
+    _join(rank, world, rendezvous, "cuda")
     X, y_semi, _, _ = h.mnist_semi(args, args.seed)
     # The step count is the benchmark's, not the recipe's.
     recipe = {k: v for k, v in CASES[case].items() if k != "max_iter"}
@@ -93,16 +159,22 @@ def _worker(rank, world, rendezvous, args, case, out):
         dist.destroy_process_group()
 
 
-def run_case(args, case, world):
+def _spawn(worker, world, *args):
+    """Run ``worker(rank, world, rendezvous, *args, out)`` in ``world``
+    processes; what process 0 wrote to ``out``."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "result.json")
         mp.start_processes(
-            _worker,
-            args=(world, os.path.join(folder, "rendezvous"), args, case, out),
+            worker,
+            args=(world, os.path.join(folder, "rendezvous"), *args, out),
             nprocs=world,
             start_method="spawn",
         )
-        timing = h.load_json(out)
+        return h.load_json(out)
+
+
+def run_case(args, case, world):
+    timing = _spawn(_worker, world, args, case)
     unlabeled = CASES[case]["unlabeled_batch_size"]
     timing["samples_per_s"] = (
         timing["steps"] * (LABELED + unlabeled) / timing["seconds"]
@@ -113,9 +185,7 @@ def run_case(args, case, world):
     return timing
 
 
-def measure(args):
-    available = torch.cuda.device_count()
-    counts = [n for n in (int(c) for c in args.gpus.split(",")) if n <= available]
+def measure_throughput(args, counts):
     results = {
         "environment": h.environment(h.resolve_device("cuda")),
         "steps": args.steps,
@@ -131,6 +201,127 @@ def measure(args):
             run["efficiency"] = run["samples_per_s"] / (one * int(n))
         results["cases"][case] = runs
     return results
+
+
+def _accuracy_worker(rank, world, rendezvous, params, data, draws, out):
+    """Fit label draws ``0..draws-1`` in this group; process 0 scores them."""
+    _join(rank, world, rendezvous, params["device"])
+    X, y, X_test, y_test = data
+    fits = []
+    for draw in range(draws):
+        y_semi = make_semi_supervised_labels(y, ACCURACY_LABELS, random_state=draw)
+        device = torch.device(params["device"])
+        clf, seconds = h.timed_fit(X, y_semi, {**params, "random_state": draw}, device)
+        if rank == 0:
+            error = h.error_percent(clf.predict(X_test), y_test)
+            fits.append({"draw": draw, "test_error_percent": error})
+            fits[-1].update(fit_seconds=seconds, n_iter=int(clf.n_iter_))
+            print(f"accuracy, {world} process(es), draw {draw}: {error:.2f} %")
+    if rank == 0:
+        h.write_json(out, {"fits": fits})
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def load_sets(args):
+    """MNIST's training and test images and labels, cut to the subsets asked."""
+    (X, y), (X_test, y_test) = h.load_mnist_sets(args.data_home)
+    train, test = slice(args.train_subset), slice(args.eval_subset)
+    return X[train], y[train], X_test[test], y_test[test]
+
+
+def accuracy_params(args, device):
+    """The recipe's parameters, cut to ``--accuracy-steps`` (schedule scaled)."""
+    params = recipe_params(args.accuracy_recipe)
+    if args.accuracy_steps is not None:
+        params = h.scaled_schedule(params, args.accuracy_steps)
+    if device.type != "cuda":
+        params["compile"] = False  # compiling on a CPU outlasts a short fit
+    return {**params, "device": device.type}
+
+
+def measure_accuracy(args, counts):
+    """Errors of the same draws on one device and on the most devices asked."""
+    device = h.resolve_device(args.device)
+    params = accuracy_params(args, device)
+    data = load_sets(args)
+    worlds = sorted({1, counts[-1]})
+    runs = {
+        str(n): _spawn(_accuracy_worker, n, params, data, args.accuracy_draws)
+        for n in worlds
+    }
+    return {
+        "environment": h.environment(device),
+        "recipe": args.accuracy_recipe,
+        "params": params,
+        "draws": args.accuracy_draws,
+        "labels_per_class": ACCURACY_LABELS,
+        "train_images": len(data[0]),
+        "test_images": len(data[2]),
+        "runs": runs,
+    }
+
+
+def measure(args):
+    """The sections asked for, added to what the JSON holds."""
+    device = h.resolve_device(args.device)
+    results = {}
+    if os.path.exists(args.json):
+        results = h.read_results(args.json)
+        held = [
+            results.get("environment"),
+            results.get("accuracy", {}).get("environment"),
+        ]
+        for environment in filter(None, held):
+            h.check_device(args.json, environment.get("device_type"), device.type)
+    counts = args.gpu_counts
+    if device.type == "cuda":
+        counts = [n for n in counts if n <= torch.cuda.device_count()]
+        if not counts:
+            raise SystemExit(
+                f"error: --gpus {args.gpus} asks for more GPUs than the "
+                f"{torch.cuda.device_count()} torch sees here"
+            )
+    if "throughput" in args.only:
+        results.update(measure_throughput(args, counts))
+        h.write_json(args.json, results)
+    if "accuracy" in args.only:
+        results["accuracy"] = measure_accuracy(args, counts)
+    return results
+
+
+def render(results):
+    """The throughput table (if measured), then the accuracy table under a
+    rubric of its own (the docs show it ``:after:`` the rubric)."""
+    parts = [render_table(results).rstrip("\n")] if "cases" in results else []
+    if "accuracy" in results:
+        parts.append(f".. rubric:: {ACCURACY_RUBRIC}\n\n{accuracy_table(results)}")
+    return "\n\n".join(parts) if parts else None
+
+
+def accuracy_table(results):
+    """A row per process count: the draws' median and worst test error."""
+    section = results["accuracy"]
+    params = section["params"]
+    rows = []
+    for n, run in section["runs"].items():
+        errors = [fit["test_error_percent"] for fit in run["fits"]]
+        seconds = [fit["fit_seconds"] for fit in run["fits"]]
+        rows.append(
+            [n, str(len(errors)), h.median_cell(errors), f"{max(errors):.2f}"]
+            + [h.range_cell(errors), f"{float(np.median(seconds)):.1f}"]
+        )
+    unit = "GPUs" if section["environment"]["device_type"] == "cuda" else "Processes"
+    header = [unit, "Draws", "Error % (median)", "Worst", "Min-max", "Fit s (median)"]
+    note = (
+        f'Recipe "{section["recipe"]}", {params["max_iter"]:,} steps of '
+        f"{params['labeled_per_class']} labeled a class and "
+        f"{params['unlabeled_batch_size']} unlabeled images (the global batch, "
+        f"split among the processes), {section['labels_per_class']} labels a "
+        f"class, label draws 0-{section['draws'] - 1}, "
+        f"{section['test_images']:,} test images."
+    )
+    return note + "\n\n" + h.rst_table(header, rows)
 
 
 def render_table(results):
@@ -157,7 +348,7 @@ def render_table(results):
 
 
 def main(argv=None):
-    h.measure_main(parse_args(argv), measure, lambda r: render_table(r).rstrip("\n"))
+    h.measure_main(parse_args(argv), measure, render)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ def bench(monkeypatch):
         ("bench_halving", ["--device=cpu"], "halving_cpu"),
         ("bench_multi_gpu", ["--device=cuda"], "multi_gpu_cuda"),
         ("bench_sparse_memory", [], "sparse_memory_cpu"),
+        ("bench_label_suggestions", [], "label_suggestions_cpu"),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
@@ -516,6 +517,40 @@ def test_bench_speed_smoke(bench, tmp_path, capsys, torch_single_thread, monkeyp
     # The table beside the JSON: one row per speed_cpu*.json file there.
     table = (tmp_path / "speed_cpu.rst").read_text()
     assert "speed_cpu.json" in table and '"improved" 3:' in table
+    capsys.readouterr()
+
+
+def test_bench_multi_gpu_search_smoke(
+    bench, tmp_path, capsys, torch_single_thread, monkeypatch
+):
+    """The four searches of one run, the Dask ones on two CPU worker
+    processes, train the same fits: the same scores and best candidate."""
+    pytest.importorskip("distributed")
+    from sklearn.datasets import load_digits
+
+    script = bench("bench_multi_gpu_search")
+    digits = load_digits()
+    images = (digits.images * 15).astype(np.uint8)
+    monkeypatch.setattr(script, "load_train", lambda home: (images, digits.target))
+    recipe, fast = script.recipe_params, {**TINY, "learning_rate": 0.03}
+    monkeypatch.setattr(script, "recipe_params", lambda name: recipe(name) | fast)
+    out = tmp_path / "search.json"
+    script.main(
+        ["--device=cpu", "--workers=2", "--steps=20", "--train-subset=600"]
+        + [f"--json={out}"]
+    )
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == [key for key, _, _ in script.SEARCHES]
+    assert json.loads(out.read_text())["worker_devices"] == [["", 0], ["", 0]]
+    first = runs["grid, one"]
+    assert first["speedup"] == 1.0
+    assert len(set(first["mean_test_scores"])) > 1  # the candidates differ
+    for run in runs.values():
+        assert run["seconds"] > 0 and run["best_params"] == first["best_params"]
+        # CPU fits of one random_state: the same scores wherever they ran.
+        np.testing.assert_allclose(run["mean_test_scores"], first["mean_test_scores"])
+    assert runs["stacked, dask"]["workers_used"] in (1, 2)
+    assert (tmp_path / "search.rst").read_text().count("Dask, 2 CPU workers") == 2
     capsys.readouterr()
 
 
