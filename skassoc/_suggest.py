@@ -181,8 +181,7 @@ def _typical_picks(points, labels, distinct_of, order, n_labels, rng):
     than labels). No row is picked twice, in copies, while another distinct
     row is left."""
     members = np.split(
-        np.argsort(labels, kind="stable"),
-        np.cumsum(np.bincount(labels, minlength=max(order, default=0) + 1))[:-1],
+        np.argsort(labels, kind="stable"), np.cumsum(np.bincount(labels))[:-1]
     )
     picks, taken = [], np.zeros(len(points), dtype=bool)
     row_taken = np.zeros(distinct_of.max() + 1, dtype=bool)

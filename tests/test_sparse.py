@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import FAST_PARAMS
 from scipy import sparse
 
 from skassoc import SemiSupervisedAssociationClassifier
@@ -20,16 +21,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:fit_report_ finds this fit suspect"),
 ]
 
-SPARSE_PARAMS = {
-    "hidden_layer_sizes": (16,),
-    "embedding_dim": 8,
-    "labeled_per_class": 3,
-    "unlabeled_batch_size": 32,
-    "max_iter": 30,
-    "learning_rate": 1e-2,
-    "device": "cpu",
-    "random_state": 0,
-}
+# The suite's fast parameters, with the network left to "auto" (which picks
+# the sparse MLP for sparse rows).
+SPARSE_PARAMS = {k: v for k, v in FAST_PARAMS.items() if k != "network"}
 
 
 @pytest.fixture(scope="module")

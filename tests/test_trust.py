@@ -162,15 +162,21 @@ def test_suggestions_spread_over_regions_and_rank_uncovered_ones_first():
     assert first >= 280
 
 
-def test_ctrl_c_during_the_report_keeps_the_model(monkeypatch):
-    X = np.random.default_rng(0).standard_normal((60, 4))
-    y = np.r_[np.repeat([0, 1], 5), np.full(50, -1)]
-    clf = SemiSupervisedAssociationClassifier(max_iter=5, random_state=0)
+@pytest.fixture
+def report_interrupted(monkeypatch):
+    """Training data whose fits' report a Ctrl-C interrupts."""
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(type(clf), "_fit_report", interrupted)
+    monkeypatch.setattr(SemiSupervisedAssociationClassifier, "_fit_report", interrupted)
+    X = np.random.default_rng(0).standard_normal((60, 4))
+    return X, np.r_[np.repeat([0, 1], 5), np.full(50, -1)]
+
+
+def test_ctrl_c_during_the_report_keeps_the_model(report_interrupted):
+    X, y = report_interrupted
+    clf = SemiSupervisedAssociationClassifier(max_iter=5, random_state=0)
     with pytest.raises(KeyboardInterrupt, match="fit_report_"):
         clf.fit(X, y)
     assert clf.n_iter_ == 5 and clf.fit_report_ is None
@@ -237,17 +243,13 @@ def test_suggest_labels_reads_string_labels(fitted_blobs):
     assert (y[picks] == -1).all()
 
 
-def test_ctrl_c_during_a_stacked_candidates_report_stops_the_search(monkeypatch):
+def test_ctrl_c_during_a_stacked_candidates_report_stops_the_search(
+    report_interrupted,
+):
     from skassoc._stacked import fit_candidates
 
-    X = np.random.default_rng(0).standard_normal((60, 4))
-    y = np.r_[np.repeat([0, 1], 5), np.full(50, -1)]
+    X, y = report_interrupted
     base = SemiSupervisedAssociationClassifier(max_iter=5, random_state=0)
-
-    def interrupted(*args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(type(base), "_fit_report", interrupted)
     params = [{"visit_weight": 0.5}, {"visit_weight": 1.0}]
     with pytest.raises(KeyboardInterrupt, match="fit_report_"):
         fit_candidates(base, params, X, y)

@@ -11,7 +11,6 @@ any embedding network.
 """
 
 import math
-from itertools import pairwise
 from typing import NamedTuple
 
 import torch
@@ -19,6 +18,7 @@ from torch import nn
 
 from .._inputs import as_tensor
 from .._utils import varies
+from ._init import mlp_layers, xavier_init_
 from ._signal import SignalNet
 from ._sparse import SparseMLPNet
 
@@ -110,20 +110,6 @@ def _plan_cost(plan, channels, height, width):
             macs += KERNEL_SIZE**2 * channels * layer.channels * height * width
             channels = layer.channels
     return macs, (channels, height, width)
-
-
-def xavier_init_(module):
-    """Xavier-uniform weights and zero biases, the TF-slim default the paper used.
-
-    The paper's MNIST numbers depend on it: with PyTorch's default init the
-    same recipe becomes unstable (the paper and the authors' code).
-    """
-    for layer in module.modules():
-        if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Linear)):
-            nn.init.xavier_uniform_(layer.weight)
-            if layer.bias is not None:
-                nn.init.zeros_(layer.bias)
-    return module
 
 
 def _chunks(x, input_format, values_per_chunk=2**18):
@@ -451,11 +437,6 @@ class SmallImageNet(_ImageNet):
         return self.embedding(self.features(self.input_scale(x)))
 
 
-def _mlp_layers(n_features, hidden_layer_sizes, embedding_dim):
-    """``(in, out)`` widths of the MLP's linear layers, the embedding last."""
-    return list(pairwise([n_features, *hidden_layer_sizes, embedding_dim]))
-
-
 class MLPNet(nn.Module):
     """A fully connected embedding network for plain feature vectors.
 
@@ -502,7 +483,7 @@ class MLPNet(nn.Module):
     ):
         super().__init__()
         layers = []
-        for width_in, width_out in _mlp_layers(
+        for width_in, width_out in mlp_layers(
             n_features, hidden_layer_sizes, embedding_dim
         ):
             layers += [nn.Linear(width_in, width_out), nn.ELU()]
@@ -550,7 +531,7 @@ class MLPNet(nn.Module):
         Arguments as for :meth:`from_inputs`.
         """
         n_inputs = n_features if input_shape is None else math.prod(input_shape)
-        layers = _mlp_layers(n_inputs, hidden_layer_sizes, embedding_dim)
+        layers = mlp_layers(n_inputs, hidden_layer_sizes, embedding_dim)
         return sum(width_in * width_out for width_in, width_out in layers)
 
     @property

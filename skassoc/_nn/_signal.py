@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .._utils import varies
+from ._init import xavier_init_
 
 __all__ = ["SignalNet", "signal_plan", "signal_dims"]
 
@@ -143,9 +144,6 @@ class SignalNet(nn.Module):
         self.embedding = nn.Sequential(nn.Linear(2 * width, embedding_dim), nn.ELU())
         self.register_buffer("mean", torch.zeros(channels, 1))
         self.register_buffer("scale", torch.ones(channels, 1))
-        # Imported here: _networks imports this module to register it.
-        from ._networks import xavier_init_
-
         xavier_init_(self)
 
     @staticmethod

@@ -11,7 +11,6 @@ follows its nonzeros, never ``n_features``.
 """
 
 import math
-from itertools import pairwise
 
 import numpy as np
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from .._inputs import as_tensor
 from .._sparse import SparseRows
+from ._init import mlp_layers, xavier_init_
 
 __all__ = ["SparseLinear", "SparseMLPNet", "is_packed"]
 
@@ -125,10 +125,12 @@ class SparseMLPNet(nn.Module):
         input_clip=3.0,
     ):
         super().__init__()
-        widths = [*hidden_layer_sizes, embedding_dim]
-        self.first = SparseLinear(n_features, widths[0])
+        (_, first_width), *rest = mlp_layers(
+            n_features, hidden_layer_sizes, embedding_dim
+        )
+        self.first = SparseLinear(n_features, first_width)
         layers = [nn.ELU()]
-        for width_in, width_out in pairwise(widths):
+        for width_in, width_out in rest:
             layers += [nn.Linear(width_in, width_out), nn.ELU()]
         self.layers = nn.Sequential(*layers)
         self.input_clip = None if input_clip is None else float(input_clip)
@@ -136,10 +138,7 @@ class SparseMLPNet(nn.Module):
             raise ValueError(f"input_clip must be > 0 or None; got {input_clip!r}.")
         self.register_buffer("scale", torch.tensor(1.0))
         self.register_buffer("clip", torch.tensor(self.input_clip or 0.0))
-        for layer in self.layers:
-            if isinstance(layer, nn.Linear):
-                nn.init.xavier_uniform_(layer.weight)
-                nn.init.zeros_(layer.bias)
+        xavier_init_(self.layers)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         clip = state_dict.get(prefix + "clip")
@@ -163,8 +162,8 @@ class SparseMLPNet(nn.Module):
         layer: :func:`~skassoc._defaults.sparse_step_seconds` counts those.
         """
         n_inputs = n_features if input_shape is None else math.prod(input_shape)
-        widths = [n_inputs, *hidden_layer_sizes, embedding_dim]
-        return sum(a * b for a, b in pairwise(widths))
+        layers = mlp_layers(n_inputs, hidden_layer_sizes, embedding_dim)
+        return sum(width_in * width_out for width_in, width_out in layers)
 
     @property
     def n_features(self):
