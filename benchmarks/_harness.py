@@ -444,7 +444,16 @@ def merge(paths):
             )
         rows = merge_rows(rows, old.get("rows", []))
     meta = {**(metas[0] if metas else {}), "merged_from": list(map(str, paths))}
-    return {"meta": {**meta, "shards": metas}, "rows": rows, "runs": runs}
+    shards = [shard for m in metas for shard in _shards(m)]
+    return {"meta": {**meta, "shards": shards}, "rows": rows, "runs": runs}
+
+
+def _shards(meta):
+    """The metas of the runs' own processes behind ``meta``: a merged file's
+    shards are listed, not nested, so merging into it again keeps the size."""
+    if "shards" not in meta:
+        return [meta]
+    return [shard for inner in meta["shards"] for shard in _shards(inner)]
 
 
 def main(cases, args, fit, render, load_data, common=None):
@@ -593,6 +602,17 @@ def fit_estimator(params, X, y, X_test, y_test, device, validation=False):
         out["lowest_test_error_step"] = steps[lowest]
     out["n_iter"] = int(clf.n_iter_)
     return {**out, **scores(y_test, clf.predict(X_test))}
+
+
+def resolved_precision(params, device, images):
+    """The arithmetic a fit of ``params`` uses on ``device`` (what ``"auto"``
+    chooses there), for the run's record: the estimator keeps it private."""
+    import torch
+
+    from skassoc._settings import resolve_precision
+
+    precision = params.get("precision", "auto")
+    return resolve_precision(precision, torch.device(device), images)
 
 
 def error_percent(y_pred, y_true):

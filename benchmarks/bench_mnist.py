@@ -138,6 +138,7 @@ def _cases():
     balanced = "recipes", "balanced", "100", recipe_params("balanced"), 20
     yield h.Case(*balanced, 'recipe "balanced"')
     yield from _prior_cases()
+    yield from _precision_cases()
     yield h.Case("ablations", "paper", "100", paper, 40, title, published["100"])
     for name, overrides in ABLATIONS.items():
         params, draws = _paper(**overrides), ABLATION_DRAWS.get(name, 10)
@@ -181,6 +182,16 @@ def _time_cases():
     title = f'recipe "balanced", {steps:,} steps, class_prior given'
     row = "time", f"balanced-{steps}+class_prior", "100", balanced, 3, title
     yield h.Case(*row, options=given)
+
+
+def _precision_cases():
+    """Recipe "paper" in TF32 and in bf16 (``"auto"`` on GPUs from Ampere on):
+    each row names its precision."""
+    for precision in ("tf32", "bf16"):
+        setting = "paper" if precision == "tf32" else f"paper+{precision}"
+        title = f'recipe "paper", precision="{precision}"'
+        params = _paper(precision=precision)
+        yield h.Case("precision", setting, "100", params, 10, title)
 
 
 def _prior_cases():
@@ -290,7 +301,8 @@ def fit(config, data, device):
             warm_up = {**params, "max_iter": 10, "lr_warmup_steps": 0}
             h.fit_estimator(warm_up, x_fit, y_fit, *test, device)
         fitted = h.fit_estimator(params, x_fit, y_fit, *test, device, tracked)
-        return {**out, **fitted}
+        precision = h.resolved_precision(params, device, images=True)
+        return {**out, **fitted, "precision": precision}
     from sklearn.linear_model import LogisticRegression
     from sklearn.semi_supervised import LabelSpreading, SelfTrainingClassifier
 
@@ -333,6 +345,8 @@ ABLATION_COLUMNS = ['"paper", same draws', 'Draws below "paper"']
 ABLATION_HEADER = h.TABLE_HEADER[:AT] + ABLATION_COLUMNS + h.TABLE_HEADER[AT:]
 PRIOR_COLUMNS = ["Without class_prior, same draws", "Draws below it"]
 PRIOR_HEADER = h.TABLE_HEADER[:AT] + PRIOR_COLUMNS + h.TABLE_HEADER[AT:]
+PRECISION_COLUMNS = ['"tf32", same draws', "Draws below it"]
+PRECISION_HEADER = h.TABLE_HEADER[:AT] + PRECISION_COLUMNS + h.TABLE_HEADER[AT:]
 CHECKPOINT_HEADER = ["Setting", "Labels", "Runs", "Last: median", "Last: min-max"]
 CHECKPOINT_HEADER += ["Lowest: median", "Lowest: min-max", "Step of lowest (median)"]
 CHECKPOINT_HEADER += ["Paper"]
@@ -367,9 +381,10 @@ def ablation_cells(rows, runs):
     return cells
 
 
-def prior_cells(rows, runs):
-    """Common columns, and each row given class_prior against its recipe
-    without it (the row named by the recipe alone) on the row's own draws."""
+def against_recipe_cells(rows, runs):
+    """Common columns, and each row of a recipe with a change (given
+    class_prior, another precision) against the recipe without it (the row
+    named by the recipe alone) on the row's own draws."""
     cells = h.table_cells(rows, runs)
     by_setting = {row["setting"]: errors_by_draw(row, runs) for row in rows}
     for row, row_cells in zip(rows, cells, strict=True):
@@ -404,6 +419,7 @@ PARTS = {
     "baselines": "Baselines on the same label draws",
     "recipes": "Recipes",
     "prior": "Class frequencies given as class_prior, MNIST 100 labels",
+    "precision": "TF32 and bf16 on the GPU, MNIST 100 labels",
     "ablations": 'Ablations on top of recipe "paper", MNIST 100 labels',
     "checkpoints": "Last checkpoint against the lowest error during training",
     "time": "Time to accuracy, MNIST 100 labels",
@@ -412,7 +428,8 @@ PARTS = {
 COLUMNS = {
     "recipes": (RECIPE_HEADER, recipe_cells),
     "ablations": (ABLATION_HEADER, ablation_cells),
-    "prior": (PRIOR_HEADER, prior_cells),
+    "prior": (PRIOR_HEADER, against_recipe_cells),
+    "precision": (PRECISION_HEADER, against_recipe_cells),
     "checkpoints": (CHECKPOINT_HEADER, checkpoint_cells),
 }
 

@@ -201,6 +201,9 @@ def measure(args, device):
     meta = h.environment(device)
     meta.update(seed=args.seed, steps=steps, warmup_steps=warmup)
     meta.update(precision=args.precision, compile=args.compile)
+    # What "auto" chose on this device, for the table.
+    precision = {"precision": args.precision}
+    meta["resolved_precision"] = h.resolved_precision(precision, device, images=True)
     meta.update(eval_rows=eval_rows, predict_rows=predict_rows)
     clf, training = time_training(x_train, y_semi, *test, steps, warmup, args, device)
     predict = time_predict(clf, test[0], predict_rows, 3 if on_gpu else 1, device)
@@ -234,13 +237,25 @@ def render(paths):
         steps_per_s = float(f"{sk['steps_per_s']:.3g}")
         steps_per_s = f"{steps_per_s:g}"
         ratio = training["ratio_skassoc_over_bare"]
-        cells.append([Path(path).name, meta.get("precision", "auto")])
+        cells.append([Path(path).name, precision_cell(meta)])
         cells[-1] += ["yes" if meta.get("compile") else "no"]
         cells[-1] += [f"{sk['ms_per_step']:.3g}", steps_per_s]
         cells[-1] += [f"{bare['ms_per_step']:.3g}", f"{ratio:.2f}x"]
         cells[-1] += [f"{1000 / marginal:.3g}" if marginal else "n/a", f"{rate:.0f}"]
         cells[-1] += [fits or "n/a"]
     return h.rst_table(header, cells)
+
+
+def precision_cell(meta):
+    """The precision asked for, and what ``"auto"`` chose."""
+    precision = meta.get("precision", "auto")
+    if precision != "auto":
+        return precision
+    resolved = meta.get("resolved_precision")
+    if resolved is None and meta.get("device_type") == "cuda":
+        # Files written before "auto" recorded its choice: it was TF32 on GPUs.
+        resolved = "tf32"
+    return f"auto ({resolved})" if resolved else "auto"
 
 
 def step_counts(text):

@@ -299,9 +299,9 @@ class SemiSupervisedAssociationClassifier(
         precision, the walker's similarities and round-trip probabilities
         are products computed in float64 and rounded to float32, and the
         losses are float32.
-        ``"auto"`` is ``"tf32"`` on a GPU; on a CPU, ``"bf16"`` for image
-        networks when the processor has native bf16 arithmetic (AVX-512 BF16
-        or AMX) and ``"fp32"`` otherwise.
+        ``"auto"`` is ``"bf16"`` for image networks on a device with native
+        bf16 arithmetic (GPUs from Ampere on; CPUs with AVX-512 BF16 or AMX),
+        and otherwise ``"tf32"`` on a GPU and ``"fp32"`` on a CPU.
     cuda_graph : bool or "auto", default="auto"
         Capture the whole training step as one CUDA graph ("auto": on GPUs).
         Results are the same; steps are several times faster.

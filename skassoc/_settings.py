@@ -26,7 +26,7 @@ from ._defaults import (
 )
 from ._engine._augmentation import resolve_augmentation
 from ._engine._config import TrainingConfig, default_log_interval
-from ._engine._device import cpu_has_native_bf16, resolve_device
+from ._engine._device import cpu_has_native_bf16, cuda_has_native_bf16, resolve_device
 from ._engine._loss_terms import active_terms, needs_of
 from ._engine._signal_augmentation import is_signal_settings
 from ._engine._sparse_augmentation import resolve_sparse_augmentation
@@ -308,7 +308,11 @@ def resolve_precision(precision, device, images):
     if precision != "auto":
         return precision
     if device.type == "cuda":
-        return "tf32"
+        # bf16 autocast makes the image networks' step faster than TF32 at
+        # the same test error (measured in docs/benchmarks/speed.rst); GPUs
+        # before Ampere emulate bf16, slowly, and keep TF32. Signals, rows
+        # and sparse rows stay in TF32: unmeasured in bf16 on a GPU.
+        return "bf16" if images and cuda_has_native_bf16(device) else "tf32"
     # bf16 convolutions roughly double a CPU's speed where it has native
     # bf16 arithmetic; elsewhere they are emulated and slower.
     if device.type == "cpu" and images and cpu_has_native_bf16():

@@ -12,12 +12,14 @@ import joblib
 import numpy as np
 import pytest
 import torch
+from scipy import sparse
 from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV
 
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._engine._sampling import AssociationBatchSampler
 from skassoc.callbacks import Callback
+from skassoc.datasets import make_synthetic_signals
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"
@@ -380,7 +382,8 @@ def test_a_run_continues_on_the_gpu_within_rounding(digit_images, tmp_path):
     fit(X, y_semi, **params, callbacks=[StopAt(), Checkpoint(path, every=100)])
     resumed = SemiSupervisedAssociationClassifier.load(path, device="cuda")
     assert resumed.n_iter_ == 150
-    resumed.set_params(warm_start=True).fit(X, y_semi)
+    # A model file keeps no precision (it reaches the hardware): ask again.
+    resumed.set_params(warm_start=True, precision="fp32").fit(X, y_semi)
     assert resumed.n_iter_ == 300
     # Within the rounding of GPU kernels, which two uninterrupted fits
     # differ by too.
@@ -418,3 +421,42 @@ def test_stacked_candidates_with_every_setting_inside_the_graph(digit_images, se
             est.predict_proba(X), separate.predict_proba(X), atol=1e-2
         )
         assert np.mean(est.predict(X) == separate.predict(X)) > 0.99
+
+
+@pytest.fixture(scope="module")
+def two_channel_signals():
+    X, y = make_synthetic_signals(300, length=64, random_state=0)
+    X = np.concatenate([X, np.cumsum(X, axis=-1) / 8], axis=1)  # (n, 2, 1, 64)
+    y_semi = np.where(np.arange(len(y)) % 10 == 0, y, -1)
+    return X, y, y_semi
+
+
+def test_signal_network_and_augmentation_inside_the_graph(two_channel_signals):
+    # The signal augmentation draws its shifts, warps and noise on the
+    # device and is captured with the step; graph and eager loop agree.
+    X, y, y_semi = two_channel_signals
+    params = dict(precision="fp32", labeled_per_class=3)
+    graph = fit(X, y_semi, cuda_graph=True, **params)
+    eager = fit(X, y_semi, cuda_graph=False, **params)
+    assert graph.network_ == "signal"
+    assert abs(graph.score(X, y) - eager.score(X, y)) < 0.1
+    assert graph.score(X, y) > 0.6
+    np.testing.assert_allclose(
+        graph.history_["walker"], eager.history_["walker"], rtol=0.3
+    )
+
+
+def test_sparse_rows_train_and_predict_on_the_gpu(digit_images):
+    # Sparse rows are gathered on the host and multiplied sparsely on the
+    # device; the model predicts from sparse and dense rows alike.
+    X, y, y_semi = digit_images
+    rows = sparse.csr_matrix(X.reshape(len(X), -1).astype(np.float32))
+    clf = fit(rows, y_semi)
+    assert clf.network_ == "sparse_mlp"
+    assert clf.score(rows, y) > 0.8
+    # The dense rows' first product runs on TF32 tensor cores, the sparse
+    # one in float32: equal within TF32's rounding.
+    np.testing.assert_allclose(
+        clf.predict_proba(rows), clf.predict_proba(rows.toarray()), atol=5e-3
+    )
+    assert np.mean(clf.predict(rows) == clf.predict(rows.toarray())) > 0.99

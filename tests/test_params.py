@@ -11,6 +11,7 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
+import torch
 from sklearn.utils._param_validation import (
     InvalidParameterError,
     validate_parameter_constraints,
@@ -31,7 +32,11 @@ from skassoc._params import (
     SAFE_PARAMS,
     varying_params,
 )
-from skassoc._settings import copied_settings, resolve_fit_settings
+from skassoc._settings import (
+    copied_settings,
+    resolve_fit_settings,
+    resolve_precision,
+)
 from skassoc._stacked import check_candidate_params
 
 Classifier = SemiSupervisedAssociationClassifier
@@ -206,3 +211,17 @@ def test_recipes_set_only_the_tables_parameters(name):
 def test_the_table_is_frozen():
     with pytest.raises(AttributeError):
         PARAMS[0].default = "mlp"
+
+
+@pytest.mark.parametrize(
+    "capability, images, expected",
+    [((9, 0), True, "bf16"), ((8, 0), True, "bf16"), ((7, 5), True, "tf32")]
+    + [((9, 0), False, "tf32")],
+)
+def test_auto_precision_on_a_gpu_is_bf16_for_images_where_native(
+    monkeypatch, capability, images, expected
+):
+    # Pre-Ampere GPUs emulate bf16 slowly; rows and signals stay in TF32.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    assert resolve_precision("auto", torch.device("cuda"), images) == expected
+    assert resolve_precision("fp32", torch.device("cuda"), images) == "fp32"

@@ -21,6 +21,7 @@ __all__ = [
     "borrowed_streams",
     "own_stream",
     "cpu_has_native_bf16",
+    "cuda_has_native_bf16",
     "autocast_context",
     "precision_context",
     "torch_threads",
@@ -197,6 +198,11 @@ def cpu_has_native_bf16():
     # torch exposes these checks only privately; without them, assume not.
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def cuda_has_native_bf16(device):
+    """Whether ``device``, a GPU, computes in bf16 natively (Ampere or later)."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def autocast_context(device, precision):
