@@ -49,6 +49,7 @@ def bench(monkeypatch):
         ("bench_search", ["--device=cuda"], "search_cuda"),
         ("bench_halving", ["--device=cpu"], "halving_cpu"),
         ("bench_multi_gpu", ["--device=cuda"], "multi_gpu_cuda"),
+        ("bench_multi_gpu_search", ["--device=cuda"], "multi_gpu_search_cuda"),
         ("bench_sparse_memory", [], "sparse_memory_cpu"),
         ("bench_label_suggestions", [], "label_suggestions_cpu"),
     ],
@@ -580,3 +581,24 @@ def test_the_readme_table_is_the_rendered_one(monkeypatch):
     block = readme_table.readme_block((ROOT / "README.rst").read_text())
     assert block is not None, "README.rst lost its results-table markers"
     assert block.strip() == readme_table.render().strip()
+
+
+def test_trust_table_keeps_the_held_out_draws_apart(bench):
+    """Draws the verdict was not set on get a row of their own."""
+    trust = bench("bench_trust")
+
+    def run(draw, error, ratio):
+        scores = dict.fromkeys(trust.SCORES, ratio)
+        scores.update(class_share_ratio=ratio, class_share_z=10.0)
+        run = {"recipe": "consistency", "draw": draw, "test_error_percent": error}
+        return {**run, "fit_report": {"scores": scores}}
+
+    held_out = trust.HELD_OUT_FROM["consistency"]
+    runs = [run(0, 0.5, 1.05), run(1, 2.0, 1.15)]
+    runs += [run(held_out + 5, 0.5, 1.12), run(held_out + 6, 2.0, 1.16)]
+    rows = trust.diagnosis_rows(runs, failing_above=1.5)
+    assert [row[:4] for row in rows] == [
+        ["consistency", "2", "1 / 1", "0 / 1"],
+        [f"consistency, held out (draws {held_out + 5}-{held_out + 6})", "2"]
+        + ["1 / 1", "1 / 1"],
+    ]
