@@ -295,7 +295,7 @@ def render(results, failing_above):
     )
     commands = results["meta"]["commands"]
     return (
-        ".. rubric:: Does fit_report_ flag the failed fits?\n\n"
+        ".. rubric:: Does ``fit_report_`` flag the failed fits?\n\n"
         "MNIST, 10 labels a class; a draw fails when its test error is above "
         f"{failing_above} %. Flagged draws (failed, then good ones): by the "
         'verdict ("suspect"), and by class_share_ratio above two other '

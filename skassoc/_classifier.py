@@ -423,7 +423,7 @@ class SemiSupervisedAssociationClassifier(
         ``early_stopping``) use the network's own probabilities.
     fit_report : bool, default=True
         Whether ``fit`` ends by checking the trained model on its training
-        data (:attr:`fit_report_`, and a warning when it finds the fit
+        data (``fit_report_``, and a warning when it finds the fit
         suspect). The check costs one forward pass over at most 50,000
         unlabeled and 2,000 labeled training samples; ``False`` skips it
         (a search's candidates, say), leaving ``fit_report_`` None, and

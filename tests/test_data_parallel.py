@@ -88,6 +88,11 @@ WORKER = textwrap.dedent(
         SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X[rows], y[rows])
     except ValueError as exc:
         results["other_data"] = str(exc)
+    # The fit above, again, after a failed one: as a torchrun script fits
+    # one estimator after another in one group.
+    again = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
+    torch.save(again.model_.state_dict(), f"{out}/again{rank}.pt")
+    results["history_again"] = again.history_
     dist.destroy_process_group()
     with open(f"{out}/results{rank}.json", "w") as handle:
         json.dump(results, handle)
@@ -171,6 +176,17 @@ def test_the_processes_train_the_model_of_one_process(two_processes, blobs_for_w
             results[0]["history"][name], one.history_[name], rtol=1e-4
         )
     assert results[0]["history"] == results[1]["history"]
+
+
+def test_a_later_fit_in_the_group_trains_what_an_earlier_one_did(two_processes):
+    """Nothing of the fits before it (one of them failed) reaches a fit."""
+    out, results = two_processes
+    for rank in range(2):
+        weights = torch.load(out / f"weights{rank}.pt")
+        again = torch.load(out / f"again{rank}.pt")
+        # One thread a process, gloo: the same operations, the same bits.
+        assert all(torch.equal(again[name], weights[name]) for name in weights)
+        assert results[rank]["history_again"] == results[rank]["history"]
 
 
 def test_a_callback_that_raises_in_one_process_stops_every_process(two_processes):
