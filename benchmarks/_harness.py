@@ -449,11 +449,14 @@ def merge(paths):
 
 
 def _shards(meta):
-    """The metas of the runs' own processes behind ``meta``: a merged file's
-    shards are listed, not nested, so merging into it again keeps the size."""
+    """The metas behind ``meta``, listed rather than nested so that merging
+    into a merged file again keeps its size: a merged file's own meta (that
+    of the last process that added runs to it, with the files it was merged
+    from), then its shards'."""
     if "shards" not in meta:
         return [meta]
-    return [shard for inner in meta["shards"] for shard in _shards(inner)]
+    own = {key: value for key, value in meta.items() if key != "shards"}
+    return [own] + [shard for inner in meta["shards"] for shard in _shards(inner)]
 
 
 def main(cases, args, fit, render, load_data, common=None):

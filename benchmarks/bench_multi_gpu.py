@@ -188,6 +188,8 @@ def run_case(args, case, world):
 def measure_throughput(args, counts):
     results = {
         "environment": h.environment(h.resolve_device("cuda")),
+        # What precision="auto" chose for these image networks.
+        "precision": h.resolved_precision({}, "cuda", images=True),
         "steps": args.steps,
         "seed": args.seed,
         "cuda_graph": args.cuda_graph,
@@ -341,9 +343,12 @@ def render_table(results):
                 ]
             )
     header = ["case", "GPUs", "samples/s", "ms/step", "speed-up", "efficiency"]
+    # Files from before "auto" chose bf16 on GPUs record no precision: it
+    # was TF32 then.
+    precision = results.get("precision", "tf32")
     note = (
         f"{results['steps']} steps a fit (timed between its first and last log "
-        f"point), seed {results['seed']}, default precision, CUDA graphs "
+        f"point), seed {results['seed']}, precision {precision}, CUDA graphs "
         f"{results.get('cuda_graph', 'auto')}."
     )
     return note + "\n\n" + h.rst_table(header, rows, right=False) + "\n"

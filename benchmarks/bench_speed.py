@@ -202,8 +202,8 @@ def measure(args, device):
     meta.update(seed=args.seed, steps=steps, warmup_steps=warmup)
     meta.update(precision=args.precision, compile=args.compile)
     # What "auto" chose on this device, for the table.
-    precision = {"precision": args.precision}
-    meta["resolved_precision"] = h.resolved_precision(precision, device, images=True)
+    asked = {"precision": args.precision}
+    meta["resolved_precision"] = h.resolved_precision(asked, device, images=True)
     meta.update(eval_rows=eval_rows, predict_rows=predict_rows)
     clf, training = time_training(x_train, y_semi, *test, steps, warmup, args, device)
     predict = time_predict(clf, test[0], predict_rows, 3 if on_gpu else 1, device)

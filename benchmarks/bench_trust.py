@@ -27,6 +27,7 @@ import concurrent.futures
 import multiprocessing
 import sys
 import time
+from collections import Counter
 
 import _harness as h
 import numpy as np
@@ -191,6 +192,19 @@ def _flags(runs, rule):
     return f"{sum(rule(r['fit_report']['scores']) for r in runs)} / {len(runs)}"
 
 
+def _excess_classes(runs):
+    """The class of the largest share excess of each suspect run, counted
+    (``"3: 2; 1: 1"``): which class the verdict blames."""
+    classes = []
+    for run in runs:
+        report = run["fit_report"]
+        if is_suspect(report["scores"]):
+            ratios = np.divide(report["predicted_shares"], report["expected_shares"])
+            classes.append(int(np.argmax(ratios)))
+    counts = sorted(Counter(classes).items(), key=lambda item: (-item[1], item[0]))
+    return "; ".join(f"{label}: {count}" for label, count in counts) or "-"
+
+
 #: The verdict's thresholds were set looking at each recipe's draws below
 #: these; the draws from them on test it and get rows of their own.
 HELD_OUT_FROM = {"consistency": 20}
@@ -218,6 +232,8 @@ def diagnosis_rows(runs, failing_above):
             str(len(mine)),
             _flags(bad, is_suspect),
             _flags(good, is_suspect),
+            _excess_classes(bad),
+            _excess_classes(good),
         ]
         for threshold in RATIO_THRESHOLDS:
 
@@ -277,6 +293,7 @@ def render(results, failing_above):
     # Runs of the diagnosis alone, where a file holds them (see its note).
     reported = {**results["runs"], **results.get("report_runs", {})}
     header = ["recipe", "draws", "verdict: failed", "verdict: good"]
+    header += ["class blamed: failed", "class blamed: good"]
     for threshold in RATIO_THRESHOLDS:
         header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
     diagnosis = h.rst_table(
@@ -299,8 +316,9 @@ def render(results, failing_above):
         "MNIST, 10 labels a class; a draw fails when its test error is above "
         f"{failing_above} %. Flagged draws (failed, then good ones): by the "
         'verdict ("suspect"), and by class_share_ratio above two other '
-        "thresholds. AUC: the probability that a failed draw's score is above "
-        "a good one's. Made by "
+        "thresholds. Class blamed: the class of the largest share excess of "
+        "each draw the verdict flags, as class: draws. AUC: the probability "
+        "that a failed draw's score is above a good one's. Made by "
         + " and ".join(f"``{c}``" for c in commands)
         + ". "
         + results["meta"].get("report_runs_note", "")

@@ -299,9 +299,10 @@ class SemiSupervisedAssociationClassifier(
         precision, the walker's similarities and round-trip probabilities
         are products computed in float64 and rounded to float32, and the
         losses are float32.
-        ``"auto"`` is ``"bf16"`` for image networks on a device with native
-        bf16 arithmetic (GPUs from Ampere on; CPUs with AVX-512 BF16 or AMX),
-        and otherwise ``"tf32"`` on a GPU and ``"fp32"`` on a CPU.
+        ``"auto"`` is ``"bf16"`` for images and signals (the convolutional
+        networks) on a device with native bf16 arithmetic (GPUs from Ampere
+        on; CPUs with AVX-512 BF16 or AMX), and otherwise ``"tf32"`` on an
+        NVIDIA GPU and ``"fp32"`` elsewhere (CPUs, Apple GPUs).
     cuda_graph : bool or "auto", default="auto"
         Capture the whole training step as one CUDA graph ("auto": on GPUs).
         Results are the same; steps are several times faster.

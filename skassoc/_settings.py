@@ -308,10 +308,12 @@ def resolve_precision(precision, device, images):
     if precision != "auto":
         return precision
     if device.type == "cuda":
-        # bf16 autocast makes the image networks' step faster than TF32 at
-        # the same test error (measured in docs/benchmarks/speed.rst); GPUs
-        # before Ampere emulate bf16, slowly, and keep TF32. Signals, rows
-        # and sparse rows stay in TF32: unmeasured in bf16 on a GPU.
+        # bf16 autocast makes the convolutional networks' step (images, and
+        # signals, which arrive as images one value high) faster than TF32
+        # (docs/benchmarks/speed.rst) at the same MNIST test error within
+        # draw noise (docs/benchmarks/mnist.rst); GPUs before Ampere emulate
+        # bf16, slowly, and keep TF32. Rows and sparse rows stay in TF32:
+        # the MLPs in bf16 are unmeasured on a GPU.
         return "bf16" if images and cuda_has_native_bf16(device) else "tf32"
     # bf16 convolutions roughly double a CPU's speed where it has native
     # bf16 arithmetic; elsewhere they are emulated and slower.

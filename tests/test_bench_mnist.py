@@ -173,11 +173,14 @@ def test_runs_in_separate_files_merge_into_one_table(
     assert len(results["runs"]) == 4 and len(results["meta"]["shards"]) == 2
     table = (tmp_path / "all.rst").read_text()
     assert "fast         15     2" in table and "visit2       15     2" in table
-    # Merging into a merged file lists every shard once, never nested.
+    # Merging into a merged file keeps its own meta and lists its shards
+    # after it, never nested.
     again = tmp_path / "again.json"
     main(["--merge", str(merged), str(parts[0]), f"--json={again}"])
     shards = json.loads(again.read_text())["meta"]["shards"]
-    assert len(shards) == 3 and not any("shards" in shard for shard in shards)
+    assert not any("shards" in shard for shard in shards)
+    merged_from = [shard.get("merged_from") for shard in shards]
+    assert merged_from == [list(map(str, parts)), None, None, None]
 
 
 def test_parser(bench):

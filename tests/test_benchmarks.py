@@ -590,15 +590,19 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
     def run(draw, error, ratio):
         scores = dict.fromkeys(trust.SCORES, ratio)
         scores.update(class_share_ratio=ratio, class_share_z=10.0)
-        run = {"recipe": "consistency", "draw": draw, "test_error_percent": error}
-        return {**run, "fit_report": {"scores": scores}}
+        shares = [0.1, ratio / 10, 0.1]
+        report = {"scores": scores, "predicted_shares": shares}
+        report["expected_shares"] = [0.1] * 3
+        record = {"recipe": "consistency", "draw": draw, "test_error_percent": error}
+        return {**record, "fit_report": report}
 
     held_out = trust.HELD_OUT_FROM["consistency"]
     runs = [run(0, 0.5, 1.05), run(1, 2.0, 1.15)]
     runs += [run(held_out + 5, 0.5, 1.12), run(held_out + 6, 2.0, 1.16)]
     rows = trust.diagnosis_rows(runs, failing_above=1.5)
-    assert [row[:4] for row in rows] == [
-        ["consistency", "2", "1 / 1", "0 / 1"],
+    # Flagged runs blame class 1, whose share is above the others'.
+    assert [row[:6] for row in rows] == [
+        ["consistency", "2", "1 / 1", "0 / 1", "1: 1", "-"],
         [f"consistency, held out (draws {held_out + 5}-{held_out + 6})", "2"]
-        + ["1 / 1", "1 / 1"],
+        + ["1 / 1", "1 / 1", "1: 1", "1: 1"],
     ]

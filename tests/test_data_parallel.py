@@ -88,8 +88,8 @@ WORKER = textwrap.dedent(
         SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X[rows], y[rows])
     except ValueError as exc:
         results["other_data"] = str(exc)
-    # The fit above, again, after a failed one: as a torchrun script fits
-    # one estimator after another in one group.
+    # The fit of ``fitted`` again, after a failed one: as a torchrun script
+    # fits one estimator after another in one group.
     again = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
     torch.save(again.model_.state_dict(), f"{out}/again{rank}.pt")
     results["history_again"] = again.history_

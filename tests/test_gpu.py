@@ -382,7 +382,7 @@ def test_a_run_continues_on_the_gpu_within_rounding(digit_images, tmp_path):
     fit(X, y_semi, **params, callbacks=[StopAt(), Checkpoint(path, every=100)])
     resumed = SemiSupervisedAssociationClassifier.load(path, device="cuda")
     assert resumed.n_iter_ == 150
-    # A model file keeps no precision (it reaches the hardware): ask again.
+    # The precision of the fits it is compared with, said outright.
     resumed.set_params(warm_start=True, precision="fp32").fit(X, y_semi)
     assert resumed.n_iter_ == 300
     # Within the rounding of GPU kernels, which two uninterrupted fits
