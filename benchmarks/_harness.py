@@ -485,6 +485,7 @@ def main(cases, args, fit, render, load_data, common=None):
     results["rows"] = merge_rows(results["rows"], rows, prefer_new=True)
     runs = results["runs"]
     finished = {r.get("signature"): r for r in runs.values() if r.get("status") == "ok"}
+    check_precision([job for s, job in jobs if s not in finished], runs, device)
     data = None
     for index, (signature, job) in enumerate(jobs, 1):
         keys = job["keys"]
@@ -511,6 +512,47 @@ def main(cases, args, fit, render, load_data, common=None):
         write_json(json_path, results)
     results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     return _save(results, args, render)
+
+
+#: Networks that take rows: ``precision="auto"`` treats them apart.
+ROW_NETWORKS = ("mlp", "sparse_mlp")
+
+
+def check_precision(jobs, runs, device):
+    """Refuse to add runs to a row whose finished runs trained in another
+    precision (``"auto"`` chose TF32 on GPUs before it chose bf16), which
+    would mix two arithmetics in one median."""
+    for job in jobs:
+        params = job["config"].get("params", {})
+        if job["config"].get("method", "skassoc") != "skassoc":
+            continue
+        images = params.get("network") not in ROW_NETWORKS
+        new = resolved_precision(params, device, images)
+        for key in job["keys"]:
+            row = key.rsplit("/", 1)[0]
+            old = {
+                run_precision(run, device, images)
+                for name, run in runs.items()
+                if name.rsplit("/", 1)[0] == row and run.get("status") == "ok"
+            }
+            if old - {new}:
+                raise SystemExit(
+                    f"error: row {row} holds runs trained in {sorted(old)}, and "
+                    f"its new runs would train in {new!r} on this device: name "
+                    "the precision in the case's parameters, or give the runs a "
+                    "row (setting) of their own."
+                )
+
+
+def run_precision(run, device, images):
+    """The precision a finished run trained in: recorded, or for runs from
+    before it was recorded, what ``"auto"`` chose then (TF32 on a GPU)."""
+    if "precision" in run:
+        return run["precision"]
+    params = run.get("config", {}).get("params", {})
+    if params.get("precision", "auto") == "auto" and device.type == "cuda":
+        return "tf32"
+    return resolved_precision(params, device, images)
 
 
 def _fit_run(signature, config, fit, data, device, results):

@@ -119,6 +119,16 @@ def test_tiny_run_resumes_filters_and_renders(
     main(common)
     assert len(calls) == 5
 
+    # A row's runs share one precision: more draws in another are refused.
+    before = json.loads(out.read_text())
+    before["runs"]["t/fast/15/0"]["precision"] = "bf16"
+    out.write_text(json.dumps(before))
+    with pytest.raises(SystemExit, match=r"row t/fast/15 holds runs trained in"):
+        main([*common, "--only", "t/fast/*", "--draws=3"])
+    assert len(calls) == 5
+    before["runs"]["t/fast/15/0"]["precision"] = "fp32"
+    out.write_text(json.dumps(before))
+
     text = table.read_text()
     # Headings are rubrics (the file goes in the middle of a page's section),
     # and where the runs were made stays in the JSON, out of the table.
