@@ -28,6 +28,7 @@ step's batch). Two sections (``--only SECTION``; the JSON keeps the other):
 import os
 import tempfile
 import time
+import warnings
 
 import _harness as h
 import numpy as np
@@ -213,11 +214,16 @@ def _accuracy_worker(rank, world, rendezvous, params, data, draws, out):
     for draw in range(draws):
         y_semi = make_semi_supervised_labels(y, ACCURACY_LABELS, random_state=draw)
         device = torch.device(params["device"])
-        clf, seconds = h.timed_fit(X, y_semi, {**params, "random_state": draw}, device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit_params = {**params, "random_state": draw}
+            clf, seconds = h.timed_fit(X, y_semi, fit_params, device)
         if rank == 0:
             error = h.error_percent(clf.predict(X_test), y_test)
             fits.append({"draw": draw, "test_error_percent": error})
             fits[-1].update(fit_seconds=seconds, n_iter=int(clf.n_iter_))
+            # What the fit told its user (a collapse warns, for one).
+            fits[-1]["warnings"] = sorted({w.category.__name__ for w in caught})
             print(f"accuracy, {world} process(es), draw {draw}: {error:.2f} %")
     if rank == 0:
         h.write_json(out, {"fits": fits})
@@ -312,11 +318,11 @@ def accuracy_table(results):
         by_draw = ", ".join(f"{e:.2f}" for e in errors)
         rows.append(
             [n, str(len(errors)), h.median_cell(errors), f"{max(errors):.2f}"]
-            + [by_draw, f"{float(np.median(seconds)):.1f}"]
+            + [by_draw, f"{float(np.median(seconds)):.1f}", _warned(run["fits"])]
         )
     unit = "GPUs" if section["environment"]["device_type"] == "cuda" else "Processes"
     header = [unit, "Draws", "Error % (median)", "Worst", "Error % by draw"]
-    header += ["Fit s (median)"]
+    header += ["Fit s (median)", "Draws that warned"]
     note = (
         f'Recipe "{section["recipe"]}", {params["max_iter"]:,} steps of '
         f"{params['labeled_per_class']} labeled a class and "
@@ -326,6 +332,18 @@ def accuracy_table(results):
         f"{section['test_images']:,} test images."
     )
     return note + "\n\n" + h.rst_table(header, rows)
+
+
+def _warned(fits):
+    """The draws whose fit warned, with the warnings' classes."""
+    if any("warnings" not in fit for fit in fits):
+        return "not recorded"
+    warned = [
+        f"{fit['draw']} ({', '.join(fit['warnings'])})"
+        for fit in fits
+        if fit["warnings"]
+    ]
+    return "; ".join(warned) or "none"
 
 
 def render_table(results):

@@ -606,3 +606,35 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
         [f"consistency, held out (draws {held_out + 5}-{held_out + 6})", "2"]
         + ["1 / 1", "1 / 1", "1: 1", "1: 1"],
     ]
+
+
+def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
+    script = bench("bench_multi_gpu")
+
+    def fits(warnings):
+        return [
+            {"draw": d, "test_error_percent": 1.0, "fit_seconds": 2.0} | w
+            for d, w in enumerate(warnings)
+        ]
+
+    section = {
+        "environment": {"device_type": "cuda"},
+        "recipe": "fast",
+        "params": {"max_iter": 10, "labeled_per_class": 10},
+        "draws": 2,
+        "labels_per_class": 10,
+        "test_images": 100,
+        "runs": {
+            "1": {"fits": fits([{"warnings": []}, {"warnings": []}])},
+            "2": {
+                "fits": fits([{"warnings": []}, {"warnings": ["ConvergenceWarning"]}])
+            },
+            "4": {"fits": fits([{}, {}])},  # recorded before warnings were
+        },
+    }
+    section["params"]["unlabeled_batch_size"] = 100
+    lines = script.accuracy_table({"accuracy": section}).splitlines()
+    rows = {line.split()[0]: line for line in lines if line[:1].isdigit()}
+    assert rows["1"].endswith("none")
+    assert rows["2"].endswith("1 (ConvergenceWarning)")
+    assert rows["4"].endswith("not recorded")
