@@ -516,25 +516,27 @@ def main(cases, args, fit, render, load_data, common=None):
 
 #: Networks that take rows: ``precision="auto"`` treats them apart.
 ROW_NETWORKS = ("mlp", "sparse_mlp")
+#: What ``precision="auto"`` chose on a GPU before it chose bf16 for images;
+#: results written then record no precision.
+AUTO_ON_GPU_BEFORE_BF16 = "tf32"
 
 
 def check_precision(jobs, runs, device):
     """Refuse to add runs to a row whose finished runs trained in another
     precision (``"auto"`` chose TF32 on GPUs before it chose bf16), which
     would mix two arithmetics in one median."""
+    by_row = {}
+    for name, run in runs.items():
+        if run.get("status") == "ok":
+            by_row.setdefault(name.rsplit("/", 1)[0], []).append(run)
     for job in jobs:
         params = job["config"].get("params", {})
         if job["config"].get("method", "skassoc") != "skassoc":
             continue
         images = params.get("network") not in ROW_NETWORKS
         new = resolved_precision(params, device, images)
-        for key in job["keys"]:
-            row = key.rsplit("/", 1)[0]
-            old = {
-                run_precision(run, device, images)
-                for name, run in runs.items()
-                if name.rsplit("/", 1)[0] == row and run.get("status") == "ok"
-            }
+        for row in {key.rsplit("/", 1)[0] for key in job["keys"]}:
+            old = {run_precision(r, device, images) for r in by_row.get(row, [])}
             if old - {new}:
                 raise SystemExit(
                     f"error: row {row} holds runs trained in {sorted(old)}, and "
@@ -551,7 +553,7 @@ def run_precision(run, device, images):
         return run["precision"]
     params = run.get("config", {}).get("params", {})
     if params.get("precision", "auto") == "auto" and device.type == "cuda":
-        return "tf32"
+        return AUTO_ON_GPU_BEFORE_BF16
     return resolved_precision(params, device, images)
 
 

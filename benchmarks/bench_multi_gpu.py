@@ -361,9 +361,7 @@ def render_table(results):
                 ]
             )
     header = ["case", "GPUs", "samples/s", "ms/step", "speed-up", "efficiency"]
-    # Files from before "auto" chose bf16 on GPUs record no precision: it
-    # was TF32 then.
-    precision = results.get("precision", "tf32")
+    precision = results.get("precision", h.AUTO_ON_GPU_BEFORE_BF16)
     note = (
         f"{results['steps']} steps a fit (timed between its first and last log "
         f"point), seed {results['seed']}, precision {precision}, CUDA graphs "

@@ -253,8 +253,7 @@ def precision_cell(meta):
         return precision
     resolved = meta.get("resolved_precision")
     if resolved is None and meta.get("device_type") == "cuda":
-        # Files written before "auto" recorded its choice: it was TF32 on GPUs.
-        resolved = "tf32"
+        resolved = h.AUTO_ON_GPU_BEFORE_BF16
     return f"auto ({resolved})" if resolved else "auto"
 
 

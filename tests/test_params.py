@@ -221,7 +221,7 @@ def test_the_table_is_frozen():
 def test_auto_precision_on_a_gpu_is_bf16_for_images_where_native(
     monkeypatch, capability, images, expected
 ):
-    # Pre-Ampere GPUs emulate bf16 slowly; rows and signals stay in TF32.
+    # Pre-Ampere GPUs emulate bf16 slowly; rows stay in TF32.
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
     assert resolve_precision("auto", torch.device("cuda"), images) == expected
     assert resolve_precision("fp32", torch.device("cuda"), images) == "fp32"
