@@ -367,8 +367,14 @@ def main(argv=None):
 
         device = torch.device("cuda" if args.device == "cuda" else "cpu")
         command = " ".join(["python benchmarks/bench_trust.py", *sys.argv[1:]])
-        commands = results.get("meta", {}).get("commands", [])
-        results["meta"] = {**h.environment(device), "commands": [*commands, command]}
+        meta = results.get("meta", {})
+        # The notes say how earlier runs were made; they stay with them.
+        notes = {k: v for k, v in meta.items() if k.endswith("_note")}
+        results["meta"] = {
+            **h.environment(device),
+            "commands": [*meta.get("commands", []), command],
+            **notes,
+        }
         h.write_json(path, results)
     table = render(results, args.failing_above)
     h.write_text(h.Path(path).with_suffix(".rst"), table)

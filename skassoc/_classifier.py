@@ -1084,9 +1084,15 @@ class SemiSupervisedAssociationClassifier(
         the largest first, weighted up where the predicted class exceeds
         its expected share (``fit_report_``, where it knows the expected
         shares) and where the walks from the labeled samples rarely go.
-        When more labels are asked for than there are regions without one,
-        the rest come from the other regions, each distinct sample before
-        any copy of one. Label them and fit again.
+        When ``fit_report_`` is ``"suspect"``, the labels go to the class it
+        names: its predictions are clustered into as many regions as it has
+        labels and new ones, and the picks are the typical samples of the
+        regions that none of its labels lies in (a style of another class
+        handed to it), topped up from the whole pool when the class has
+        fewer predictions than labels asked for. When more labels are asked
+        for than there are regions without one, the rest come from the
+        other regions, each distinct sample before any copy of one. Label
+        them and fit again.
 
         Parameters
         ----------

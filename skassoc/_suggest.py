@@ -136,7 +136,9 @@ def _most_typical(points, members, rng):
     return int(members[int(nearest.mean(1).argmin())])
 
 
-def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
+def suggest_from_embeddings(
+    pool, anchors, class_ratio, n_labels, random_state, focus=None
+):
     """Indices of ``n_labels`` pool samples to label, best first.
 
     Parameters
@@ -149,6 +151,14 @@ def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
         Predicted over expected share of each pool sample's predicted class.
     n_labels : int
     random_state : int, RandomState or None
+    focus : tuple of two boolean ndarrays, optional
+        The pool samples predicted as the class ``fit_report_`` suspects,
+        and the anchors labeled with it. The labels then go to the regions
+        of that class's predictions (as many regions as its labels and the
+        new ones): a style of another class handed to it is a region of its
+        predictions that none of its labels lies in. When it has fewer
+        predictions than labels asked for, the rest come from the whole
+        pool.
 
     Returns
     -------
@@ -156,6 +166,26 @@ def suggest_from_embeddings(pool, anchors, class_ratio, n_labels, random_state):
     """
     rng = check_random_state(random_state)
     n_labels = min(n_labels, len(pool))
+    picks = []
+    if focus is not None and focus[0].any():
+        members = np.flatnonzero(focus[0])
+        n_focus = min(n_labels, len(members))
+        picks = members[
+            _region_picks(
+                pool[members], anchors[focus[1]], class_ratio[members], n_focus, rng
+            )
+        ].tolist()
+    if len(picks) < n_labels:
+        # The rest over the whole pool, clustered as an unfocused suggestion
+        # would be; the focus's picks are skipped.
+        rest = _region_picks(pool, anchors, class_ratio, n_labels, rng)
+        taken = set(picks)
+        picks += [i for i in rest.tolist() if i not in taken][: n_labels - len(picks)]
+    return np.asarray(picks, dtype=np.intp)
+
+
+def _region_picks(pool, anchors, class_ratio, n_labels, rng):
+    """The TypiClust picks of :func:`suggest_from_embeddings` in ``pool``."""
     points = _normalised(pool.astype(np.float32))
     # Clustered once per distinct row, weighted by its copies: a pool of
     # repeated rows has fewer distinct points than regions otherwise.
@@ -242,6 +272,15 @@ def suggest_labels(estimator, X, n_labels, y, random_state):
     with torch.no_grad():
         scores = torch.as_tensor(pool) @ logits.weight.detach().float().cpu().T
     predicted = (scores + logits.bias.detach().float().cpu()).argmax(1).numpy()
-    ratio = _class_ratios(state.fit_report, state.classes)[predicted]
-    picks = suggest_from_embeddings(pool, anchors, ratio, n_labels, random_state)
+    class_ratios = _class_ratios(state.fit_report, state.classes)
+    focus = None
+    if state.fit_report is not None and state.fit_report.verdict == "suspect":
+        suspect = int(np.argmax(class_ratios))
+        labeled_as_suspect = np.zeros(len(anchors), dtype=bool)
+        if y is not None:
+            labeled_as_suspect = y[~unlabeled] == state.classes[suspect]
+        focus = (predicted == suspect, labeled_as_suspect)
+    picks = suggest_from_embeddings(
+        pool, anchors, class_ratios[predicted], n_labels, random_state, focus
+    )
     return candidates[picks]

@@ -162,6 +162,70 @@ def test_suggestions_spread_over_regions_and_rank_uncovered_ones_first():
     assert first >= 280
 
 
+def test_a_suspect_class_gets_the_labels_in_its_uncovered_regions():
+    rng = np.random.default_rng(2)
+    # Blob 0 (predicted class 0) is large and has no label; blob 1 (class 1)
+    # is covered by class 1's labels; blob 2, a style handed to class 1,
+    # is small and has none.
+    centres = np.eye(3, 6) * 4
+    sizes = [200, 100, 30]
+    pool = _blobs(centres, sizes, rng)
+    predicted = np.repeat([0, 1, 1], sizes)
+    anchors = _blobs(centres[1:2], [3], rng)
+    ratio = np.ones(len(pool))
+    unfocused = suggest_from_embeddings(pool, anchors, ratio, 1, 0)
+    assert predicted[unfocused].tolist() == [0]  # the largest uncovered blob
+    focus = (predicted == 1, np.ones(len(anchors), dtype=bool))
+    picks = suggest_from_embeddings(pool, anchors, ratio, 3, 0, focus)
+    assert (predicted[picks] == 1).all()
+    assert (picks >= 300).any()  # blob 2 gets a label
+    # A class with fewer predictions than labels: the rest from the pool.
+    few = (np.arange(len(pool)) < 2, np.zeros(len(anchors), dtype=bool))
+    picks = suggest_from_embeddings(pool, anchors, ratio, 5, 0, few)
+    assert len(set(picks.tolist())) == 5 and {0, 1} <= set(picks.tolist())
+
+
+@pytest.mark.parametrize("verdict", ["suspect", "ok"])
+def test_suggest_labels_focuses_on_the_class_a_suspect_report_names(
+    fitted_blobs, monkeypatch, verdict
+):
+    import dataclasses
+
+    import skassoc._suggest as suggest
+
+    clf, X, y, _ = fitted_blobs
+    report = FitReport(
+        verdict,
+        ("class 0 takes too much",) if verdict == "suspect" else (),
+        predicted_shares={0: 0.7, 1: 0.3},
+        expected_shares={0: 0.5, 1: 0.5},
+    )
+    forward = clf._forward
+
+    def reported(X, output):
+        state, result = forward(X, output)
+        return dataclasses.replace(state, fit_report=report), result
+
+    monkeypatch.setattr(clf, "_forward", reported)
+    seen = []
+    original = suggest.suggest_from_embeddings
+
+    def recording(*args):
+        seen.append(args[-1])
+        return original(*args)
+
+    monkeypatch.setattr(suggest, "suggest_from_embeddings", recording)
+    picks = clf.suggest_labels(X, 2, y=y, random_state=0)
+    if verdict == "ok":
+        assert seen == [None]
+        return
+    [(in_class, labeled_as_class)] = seen
+    np.testing.assert_array_equal(labeled_as_class, y[y != -1] == 0)
+    assert in_class.any() and not in_class.all()
+    pool = np.flatnonzero(y == -1)
+    assert in_class[np.searchsorted(pool, picks)].all()
+
+
 @pytest.fixture
 def report_interrupted(monkeypatch):
     """Training data whose fits' report a Ctrl-C interrupts."""
