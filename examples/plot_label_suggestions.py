@@ -10,7 +10,8 @@ takes a larger share of the unlabeled samples than it should, the typical
 trace of a style of one class handed to another. And
 :meth:`~skassoc.SemiSupervisedAssociationClassifier.suggest_labels` names
 the unlabeled samples whose labels should help most: the most typical
-samples of the regions of the embedding that hold no labeled one.
+samples of the regions of the embedding that hold no labeled one (when
+the report is "suspect", the regions of the class it names).
 
 This example runs one round of the loop on scikit-learn's digits (fit,
 read the report, label the 10 suggested samples, fit again) and compares

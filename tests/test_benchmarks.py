@@ -608,6 +608,27 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
     ]
 
 
+def test_trust_seeds_table_counts_the_failed_fits_of_each_draw(bench):
+    script = bench("bench_trust_seeds")
+    committed = json.loads((RESULTS / "trust_seeds_cuda.json").read_text())
+    assert script.render(committed) == (RESULTS / "trust_seeds_cuda.rst").read_text()
+
+    def fit(seed, error, verdict):
+        record = {"seed": seed, "test_error_percent": error, "verdict": verdict}
+        return record | {"class_share_ratio": 1.1}
+
+    results = {
+        "meta": {"commands": ["cmd"], "device": "a GPU"},
+        "runs": {
+            "10": [fit(1010, 0.8, "ok"), fit(2010, 0.9, "ok")],
+            "2": [fit(1002, 2.1, "suspect"), fit(2002, 0.7, "ok")],
+        },
+    }
+    rows = [line for line in script.render(results).splitlines() if line[:1].isdigit()]
+    assert [row.split()[0] for row in rows] == ["2", "10"]  # by draw, as numbers
+    assert "1 / 2" in rows[0] and "0 / 2" in rows[1]
+
+
 def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
     script = bench("bench_multi_gpu")
 

@@ -1,0 +1,119 @@
+"""Is a failed few-label fit the labels' doing or the seed's? MNIST, recipe "fast".
+
+Each label draw ``d`` (10 labels a class, drawn as ``bench_trust.py`` draws
+them) is fitted with ``--seeds`` training seeds ``1000 k + d`` (``k`` = 1,
+2, ...), the labels unchanged: if a failed draw fails whatever the seed, no
+choice among seeds (an ensemble voted by ``fit_report_``, a refit) repairs
+it without new labels. Each fit's test error and ``fit_report_`` verdict go
+to ``benchmarks/results/trust_seeds_<device>.json`` and the table to
+``trust_seeds_<device>.rst``::
+
+    python benchmarks/bench_trust_seeds.py --draws 2,3,17,30,33,36,0,1
+    python benchmarks/bench_trust_seeds.py --render-only
+"""
+
+import argparse
+import sys
+import warnings
+
+import _harness as h
+from bench_trust import FAILING_ABOVE, fit_one, parse_draws
+
+#: The recipe the fits use.
+RECIPE = "fast"
+
+
+def run_draw(draw, seeds, data, device):
+    """The fits of one label draw, one a seed."""
+    from skassoc import recipe_params
+    from skassoc.datasets import make_semi_supervised_labels
+
+    (X, y), (X_test, y_test) = data
+    y_semi = make_semi_supervised_labels(y, 10, random_state=draw)
+    fits = []
+    for k in range(1, seeds + 1):
+        params = {**recipe_params(RECIPE), "device": device}
+        params["random_state"] = 1000 * k + draw
+        with warnings.catch_warnings():
+            # The verdict is recorded; its warning would repeat it.
+            warnings.simplefilter("ignore")
+            clf, seconds, error = fit_one(params, X, y_semi, X_test, y_test)
+        report = clf.fit_report_
+        fits.append(
+            {
+                "seed": params["random_state"],
+                "precision": h.resolved_precision(params, device, images=True),
+                "test_error_percent": error,
+                "verdict": report.verdict,
+                "class_share_ratio": report.scores["class_share_ratio"],
+            }
+        )
+        print(f"draw {draw} seed {fits[-1]['seed']}: {error:.2f} % ({report.verdict})")
+    return fits
+
+
+def render(results):
+    rows = []
+    for key, fits in sorted(results["runs"].items(), key=lambda kv: int(kv[0])):
+        errors = [f["test_error_percent"] for f in fits]
+        failed = [e > FAILING_ABOVE for e in errors]
+        rows.append(
+            [
+                key,
+                ", ".join(h.fmt(e) for e in errors),
+                f"{sum(failed)} / {len(fits)}",
+                ", ".join(f["verdict"] for f in fits),
+                ", ".join(h.fmt(f["class_share_ratio"], 3) for f in fits),
+            ]
+        )
+    table = h.rst_table(
+        [
+            "label draw",
+            "test error % by seed",
+            f"fits above {FAILING_ABOVE} %",
+            "verdicts",
+            "class_share_ratio",
+        ],
+        rows,
+    )
+    meta = results["meta"]
+    return (
+        f'.. rubric:: The same labels, other seeds (recipe "{RECIPE}")\n\n'
+        "Each label draw fitted again with training seeds 1000 k + draw, "
+        "k = 1, 2, 3. Made by "
+        + " and ".join(f"``{c}``" for c in meta["commands"])
+        + f". {meta.get('note', '')}\n\n{table}\n"
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--draws", type=parse_draws, default=parse_draws("0-9"))
+    parser.add_argument("--seeds", type=h.bounded_int(1, 100), default=3)
+    parser.add_argument("--data-home", default=None)
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    path = h.RESULTS_DIR / f"trust_seeds_{args.device}.json"
+    results = h.load_json(path) if path.exists() else {"runs": {}}
+    if not args.render_only:
+        import torch
+
+        device = torch.device(args.device)
+        data = h.load_mnist_sets(args.data_home)
+        for draw in args.draws:
+            if str(draw) not in results["runs"]:
+                results["runs"][str(draw)] = run_draw(
+                    draw, args.seeds, data, args.device
+                )
+        command = " ".join(["python benchmarks/bench_trust_seeds.py", *sys.argv[1:]])
+        commands = results.get("meta", {}).get("commands", [])
+        results["meta"] = {**h.environment(device), "commands": [*commands, command]}
+        h.write_json(path, results)
+    text = render(results)
+    h.write_text(path.with_suffix(".rst"), text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
