@@ -41,6 +41,7 @@ def run_draw(draw, seeds, data, device):
         report = clf.fit_report_
         fits.append(
             {
+                "draw": draw,
                 "seed": params["random_state"],
                 "precision": h.resolved_precision(params, device, images=True),
                 "test_error_percent": error,
@@ -54,12 +55,16 @@ def run_draw(draw, seeds, data, device):
 
 def render(results):
     rows = []
-    for key, fits in sorted(results["runs"].items(), key=lambda kv: int(kv[0])):
+    by_draw = {}
+    for fit in results["runs"].values():
+        by_draw.setdefault(fit["draw"], []).append(fit)
+    for draw, fits in sorted(by_draw.items()):
+        fits.sort(key=lambda fit: fit["seed"])
         errors = [f["test_error_percent"] for f in fits]
         failed = [e > FAILING_ABOVE for e in errors]
         rows.append(
             [
-                key,
+                str(draw),
                 ", ".join(h.fmt(e) for e in errors),
                 f"{sum(failed)} / {len(fits)}",
                 ", ".join(f["verdict"] for f in fits),
@@ -101,11 +106,12 @@ def main(argv=None):
 
         device = torch.device(args.device)
         data = h.load_mnist_sets(args.data_home)
+        done = {fit["draw"] for fit in results["runs"].values()}
         for draw in args.draws:
-            if str(draw) not in results["runs"]:
-                results["runs"][str(draw)] = run_draw(
-                    draw, args.seeds, data, args.device
-                )
+            if draw not in done:
+                for fit in run_draw(draw, args.seeds, data, args.device):
+                    results["runs"][f"{draw}/{fit['seed']}"] = fit
+                h.write_json(path, results)
         command = " ".join(["python benchmarks/bench_trust_seeds.py", *sys.argv[1:]])
         commands = results.get("meta", {}).get("commands", [])
         results["meta"] = {**h.environment(device), "commands": [*commands, command]}

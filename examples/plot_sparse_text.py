@@ -1,7 +1,7 @@
 """
-===========================================
+===============================================
 Text classification from a sparse TF-IDF matrix
-===========================================
+===============================================
 
 :class:`~skassoc.SemiSupervisedAssociationClassifier` takes the sparse
 matrix that :class:`~sklearn.feature_extraction.text.TfidfVectorizer`

@@ -20,7 +20,7 @@ import pytest
 from sklearn.pipeline import make_pipeline
 from sklearn.semi_supervised import LabelSpreading
 
-from skassoc import SemiSupervisedAssociationClassifier
+from skassoc import FitReport, SemiSupervisedAssociationClassifier
 
 #: A tiny network for the smoke runs: what is tested is the scripts' flow.
 TINY = {"network": "mlp", "hidden_layer_sizes": (8,), "embedding_dim": 4}
@@ -613,20 +613,39 @@ def test_trust_seeds_table_counts_the_failed_fits_of_each_draw(bench):
     committed = json.loads((RESULTS / "trust_seeds_cuda.json").read_text())
     assert script.render(committed) == (RESULTS / "trust_seeds_cuda.rst").read_text()
 
-    def fit(seed, error, verdict):
-        record = {"seed": seed, "test_error_percent": error, "verdict": verdict}
-        return record | {"class_share_ratio": 1.1}
+    def fit(draw, seed, error, verdict):
+        record = {"draw": draw, "seed": seed, "test_error_percent": error}
+        return record | {"verdict": verdict, "class_share_ratio": 1.1}
 
+    fits = [fit(10, 2010, 0.9, "ok"), fit(10, 1010, 0.8, "ok")]
+    fits += [fit(2, 1002, 2.1, "suspect"), fit(2, 2002, 0.7, "ok")]
     results = {
         "meta": {"commands": ["cmd"], "device": "a GPU"},
-        "runs": {
-            "10": [fit(1010, 0.8, "ok"), fit(2010, 0.9, "ok")],
-            "2": [fit(1002, 2.1, "suspect"), fit(2002, 0.7, "ok")],
-        },
+        "runs": {f"{f['draw']}/{f['seed']}": f for f in fits},
     }
     rows = [line for line in script.render(results).splitlines() if line[:1].isdigit()]
     assert [row.split()[0] for row in rows] == ["2", "10"]  # by draw, as numbers
     assert "1 / 2" in rows[0] and "0 / 2" in rows[1]
+    assert "0.80, 0.90" in rows[1]  # by seed
+
+
+def test_trust_seeds_fits_each_draw_with_its_seeds(bench, monkeypatch):
+    script = bench("bench_trust_seeds")
+    seen = []
+
+    def fit_one(params, X, y_semi, X_test, y_test):
+        seen.append((params["random_state"], int((y_semi != -1).sum())))
+        scores = {"class_share_ratio": 1.2}
+        clf = type("Fit", (), {"fit_report_": FitReport("suspect", scores=scores)})
+        return clf, 0.1, 2.0
+
+    monkeypatch.setattr(script, "fit_one", fit_one)
+    y = np.repeat(np.arange(3), 12)
+    data = (np.zeros((36, 4)), y), (None, None)
+    fits = script.run_draw(5, 2, data, "cpu")
+    assert seen == [(1005, 30), (2005, 30)]  # 10 labels a class, seeds 1000 k + d
+    assert [f["seed"] for f in fits] == [1005, 2005]
+    assert {f["draw"] for f in fits} == {5} and fits[0]["verdict"] == "suspect"
 
 
 def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
