@@ -24,14 +24,15 @@ RECIPE = "fast"
 
 
 def run_draw(draw, seeds, data, device):
-    """The fits of one label draw, one a seed."""
+    """The fits of one label draw, one for each ``k`` of ``seeds`` (seed
+    ``1000 k + draw``); ``seeds`` an int means 1 to ``seeds``."""
     from skassoc import recipe_params
     from skassoc.datasets import make_semi_supervised_labels
 
     (X, y), (X_test, y_test) = data
     y_semi = make_semi_supervised_labels(y, 10, random_state=draw)
     fits = []
-    for k in range(1, seeds + 1):
+    for k in range(1, seeds + 1) if isinstance(seeds, int) else seeds:
         params = {**recipe_params(RECIPE), "device": device}
         params["random_state"] = 1000 * k + draw
         with warnings.catch_warnings():
@@ -82,10 +83,11 @@ def render(results):
         rows,
     )
     meta = results["meta"]
+    ks = sorted({fit["seed"] // 1000 for fit in results["runs"].values()})
     return (
         f'.. rubric:: The same labels, other seeds (recipe "{RECIPE}")\n\n'
         "Each label draw fitted again with training seeds 1000 k + draw, "
-        "k = 1, 2, 3. Made by "
+        f"k = {', '.join(map(str, ks))}. Made by "
         + " and ".join(f"``{c}``" for c in meta["commands"])
         + f". {meta.get('note', '')}\n\n{table}\n"
     )
@@ -100,21 +102,33 @@ def main(argv=None):
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     path = h.RESULTS_DIR / f"trust_seeds_{args.device}.json"
+    if args.render_only and not path.exists():
+        parser.error(f"--render-only needs {h.shown_path(path)}, which is not there")
     results = h.load_json(path) if path.exists() else {"runs": {}}
     if not args.render_only:
         import torch
 
         device = torch.device(args.device)
         data = h.load_mnist_sets(args.data_home)
-        done = {fit["draw"] for fit in results["runs"].values()}
         for draw in args.draws:
-            if draw not in done:
-                for fit in run_draw(draw, args.seeds, data, args.device):
-                    results["runs"][f"{draw}/{fit['seed']}"] = fit
-                h.write_json(path, results)
-        command = " ".join(["python benchmarks/bench_trust_seeds.py", *sys.argv[1:]])
-        commands = results.get("meta", {}).get("commands", [])
-        results["meta"] = {**h.environment(device), "commands": [*commands, command]}
+            # Resumes: only the seeds a draw has not been fitted with.
+            todo = [
+                k
+                for k in range(1, args.seeds + 1)
+                if f"{draw}/{1000 * k + draw}" not in results["runs"]
+            ]
+            for fit in run_draw(draw, todo, data, args.device):
+                results["runs"][f"{draw}/{fit['seed']}"] = fit
+        argv = sys.argv[1:] if argv is None else argv
+        command = " ".join(["python benchmarks/bench_trust_seeds.py", *argv])
+        meta = results.get("meta", {})
+        # The note says how earlier runs were made; it stays with them.
+        notes = {k: v for k, v in meta.items() if k == "note"}
+        results["meta"] = {
+            **h.environment(device),
+            "commands": [*meta.get("commands", []), command],
+            **notes,
+        }
         h.write_json(path, results)
     text = render(results)
     h.write_text(path.with_suffix(".rst"), text)

@@ -166,21 +166,29 @@ def suggest_from_embeddings(
     """
     rng = check_random_state(random_state)
     n_labels = min(n_labels, len(pool))
-    picks = []
-    if focus is not None and focus[0].any():
-        members = np.flatnonzero(focus[0])
-        n_focus = min(n_labels, len(members))
-        picks = members[
-            _region_picks(
-                pool[members], anchors[focus[1]], class_ratio[members], n_focus, rng
-            )
-        ].tolist()
+    if focus is None or not focus[0].any():
+        return _region_picks(pool, anchors, class_ratio, n_labels, rng)
+    _, row_of, _ = _distinct(_normalised(pool.astype(np.float32)))
+    members = np.flatnonzero(focus[0])
+    # No more than the class's distinct rows: each distinct sample before
+    # any copy of one, over the whole suggestion.
+    n_focus = min(n_labels, len(np.unique(row_of[members])))
+    picks = members[
+        _region_picks(
+            pool[members], anchors[focus[1]], class_ratio[members], n_focus, rng
+        )
+    ].tolist()
     if len(picks) < n_labels:
         # The rest over the whole pool, clustered as an unfocused suggestion
-        # would be; the focus's picks are skipped.
-        rest = _region_picks(pool, anchors, class_ratio, n_labels, rng)
-        taken = set(picks)
-        picks += [i for i in rest.tolist() if i not in taken][: n_labels - len(picks)]
+        # would be (enough of them to skip the focus's rows), rows not yet
+        # picked first.
+        rest = _region_picks(pool, anchors, class_ratio, n_labels + len(picks), rng)
+        rows = set(row_of[picks].tolist())
+        left = [i for i in rest.tolist() if i not in set(picks)]
+        fresh = [i for i in left if row_of[i] not in rows]
+        picks += (fresh + [i for i in left if row_of[i] in rows])[
+            : n_labels - len(picks)
+        ]
     return np.asarray(picks, dtype=np.intp)
 
 
@@ -245,6 +253,15 @@ def _class_ratios(report, classes):
     )
 
 
+def _suspect_class(report, classes):
+    """Index of the class a suspect report names: the largest excess of
+    predicted over expected share, as the report finds it."""
+    excess = [
+        report.predicted_shares[c] - report.expected_shares[c] for c in classes.tolist()
+    ]
+    return int(np.argmax(excess))
+
+
 def suggest_labels(estimator, X, n_labels, y, random_state):
     """``estimator.suggest_labels``: see there."""
     from sklearn.utils.validation import _num_samples
@@ -271,11 +288,17 @@ def suggest_labels(estimator, X, n_labels, y, random_state):
     logits = state.model.logits
     with torch.no_grad():
         scores = torch.as_tensor(pool) @ logits.weight.detach().float().cpu().T
-    predicted = (scores + logits.bias.detach().float().cpu()).argmax(1).numpy()
+    scores = (scores + logits.bias.detach().float().cpu()).numpy()
+    if not isinstance(estimator.class_prior, str):
+        # Given frequencies weigh the predictions, as in the report that
+        # counted them (and in predict).
+        with np.errstate(divide="ignore"):
+            scores = scores + np.log(state.class_prior)
+    predicted = scores.argmax(1)
     class_ratios = _class_ratios(state.fit_report, state.classes)
     focus = None
     if state.fit_report is not None and state.fit_report.verdict == "suspect":
-        suspect = int(np.argmax(class_ratios))
+        suspect = _suspect_class(state.fit_report, state.classes)
         labeled_as_suspect = np.zeros(len(anchors), dtype=bool)
         if y is not None:
             labeled_as_suspect = y[~unlabeled] == state.classes[suspect]

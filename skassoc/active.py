@@ -64,16 +64,26 @@ def association_sampling(classifier, X_pool, n_instances=1, *, random_state=None
     if labeled is None or _num_samples(labeled) == 0:
         return estimator.suggest_labels(X_pool, n_instances, random_state=random_state)
     y_training = getattr(classifier, "y_training", None)
+    labels = None
     if y_training is not None:
         # A semi-supervised learner's training set may hold -1 rows too.
-        known = np.flatnonzero(~unlabeled_mask(np.asarray(y_training)))
+        y_training = np.asarray(y_training)
+        known = np.flatnonzero(~unlabeled_mask(y_training))
         labeled = _safe_indexing(labeled, known)
+        labels = y_training[known]
     n_labeled = _num_samples(labeled)
     X = _stack_rows(labeled, X_pool)
-    # Only the -1 marks matter: they tell the pool from the labeled samples.
-    y = np.r_[np.zeros(n_labeled, dtype=int), np.full(_num_samples(X_pool), -1)]
+    # The -1 marks tell the pool from the labeled samples; the labels tell
+    # which of these a suspect class already has (a learner without
+    # y_training: a marker equal to no class).
+    y = np.full(n_labeled + _num_samples(X_pool), -1, dtype=object)
+    y[:n_labeled] = _NO_CLASS if labels is None else labels
     picks = estimator.suggest_labels(X, n_instances, y=y, random_state=random_state)
     return picks - n_labeled
+
+
+#: The label of a labeled sample whose class the learner does not hold.
+_NO_CLASS = object()
 
 
 def _stack_rows(first, second):

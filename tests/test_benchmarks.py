@@ -648,6 +648,35 @@ def test_trust_seeds_fits_each_draw_with_its_seeds(bench, monkeypatch):
     assert {f["draw"] for f in fits} == {5} and fits[0]["verdict"] == "suspect"
 
 
+def test_trust_seeds_resumes_by_seed_and_keeps_the_note(bench, monkeypatch, tmp_path):
+    script = bench("bench_trust_seeds")
+    monkeypatch.setattr(script.h, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(script.h, "load_mnist_sets", lambda home: None)
+    first = {"draw": 2, "seed": 1002, "test_error_percent": 2.0, "verdict": "ok"}
+    first["class_share_ratio"] = 1.1
+    meta = {"commands": ["first"], "note": "made by hand", "device": "x"}
+    path = tmp_path / "trust_seeds_cpu.json"
+    path.write_text(json.dumps({"runs": {"2/1002": first}, "meta": meta}))
+    asked = []
+
+    def run_draw(draw, seeds, data, device):
+        asked.append((draw, list(seeds)))
+        return [{**first, "seed": 1000 * k + draw, "draw": draw} for k in seeds]
+
+    monkeypatch.setattr(script, "run_draw", run_draw)
+    script.main(["--device=cpu", "--draws=2,5", "--seeds=2"])
+    assert asked == [(2, [2]), (5, [1, 2])]
+    results = json.loads(path.read_text())
+    assert sorted(results["runs"]) == ["2/1002", "2/2002", "5/1005", "5/2005"]
+    assert results["meta"]["note"] == "made by hand"
+    assert results["meta"]["commands"] == [
+        "first",
+        "python benchmarks/bench_trust_seeds.py --device=cpu --draws=2,5 --seeds=2",
+    ]
+    with pytest.raises(SystemExit):
+        script.main(["--device=cuda", "--render-only"])  # no file for cuda here
+
+
 def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
     script = bench("bench_multi_gpu")
 

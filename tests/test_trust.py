@@ -185,6 +185,54 @@ def test_a_suspect_class_gets_the_labels_in_its_uncovered_regions():
     assert len(set(picks.tolist())) == 5 and {0, 1} <= set(picks.tolist())
 
 
+def test_the_focus_is_the_class_of_the_largest_excess_and_each_row_once():
+    from skassoc._suggest import _suspect_class
+
+    # Class 0 takes 12 points more than expected, class 2 only 3, though
+    # its ratio is larger: the report names class 0, and so does the focus.
+    report = FitReport(
+        "suspect",
+        predicted_shares={"a": 0.62, "b": 0.30, "c": 0.08},
+        expected_shares={"a": 0.5, "b": 0.45, "c": 0.05},
+    )
+    assert _suspect_class(report, np.array(["a", "b", "c"])) == 0
+    # Ten copies of one row in the focus: one pick there, the rest from
+    # distinct rows elsewhere.
+    rng = np.random.default_rng(3)
+    pool = rng.standard_normal((50, 6)).astype(np.float32)
+    pool[:10] = pool[0]
+    focus = (np.arange(50) < 10, np.zeros(0, dtype=bool))
+    picks = suggest_from_embeddings(pool, pool[:0], np.ones(50), 3, 0, focus)
+    assert len(picks) == 3 and (picks < 10).sum() == 1
+    assert len({pool[i].tobytes() for i in picks}) == 3
+
+
+def test_association_sampling_tells_the_suggestion_the_learners_labels(
+    fitted_blobs, monkeypatch
+):
+    clf, X, y, _ = fitted_blobs
+    seen = []
+    monkeypatch.setattr(
+        clf,
+        "suggest_labels",
+        lambda X, n, y, random_state: seen.append(y) or np.array([9]),
+    )
+    names = np.where(y == -1, "-1", np.where(y == 0, "zero", "one"))
+    learner = type(
+        "Learner", (), {"estimator": clf, "X_training": X, "y_training": names}
+    )()
+    pool = X[y == -1]
+    assert association_sampling(learner, pool, n_instances=1).tolist() == [0]
+    [given] = seen
+    assert given[:9].tolist() == names[names != "-1"].tolist()
+    assert (given[9:] == -1).all() and len(given) == 9 + len(pool)
+    # Without y_training, the labeled rows match no class.
+    learner.y_training = None
+    seen.clear()
+    association_sampling(learner, pool, n_instances=1)
+    assert not np.isin(seen[0][: len(X)], ["zero", "one", 0, 1]).any()
+
+
 @pytest.mark.parametrize("verdict", ["suspect", "ok"])
 def test_suggest_labels_focuses_on_the_class_a_suspect_report_names(
     fitted_blobs, monkeypatch, verdict
