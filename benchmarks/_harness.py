@@ -142,6 +142,15 @@ def environment(device):
     }
 
 
+def extended_meta(meta, device, command):
+    """A results file's ``meta`` after a run of ``command`` on ``device``:
+    this environment, the commands so far and this one, and the notes
+    (keys ending in ``_note``) that say how earlier runs were made."""
+    notes = {k: v for k, v in meta.items() if k.endswith("_note")}
+    commands = [*meta.get("commands", []), command]
+    return {**environment(device), "commands": commands, **notes}
+
+
 def load_mnist_sets(data_home=None):
     """MNIST's training and test ``(X, y)`` from ``data_home``, $SKASSOC_MNIST_DIR
     or a shared/ copy (else where :func:`skassoc.datasets.load_mnist` looks)."""

@@ -32,7 +32,7 @@ from collections import Counter
 import _harness as h
 import numpy as np
 
-from skassoc._diagnosis import is_suspect
+from skassoc._diagnosis import is_suspect, largest_excess
 
 #: Strategies a failing draw is refitted with.
 STRATEGIES = ("association", "random", "margin", "entropy")
@@ -199,8 +199,8 @@ def _excess_classes(runs):
     for run in runs:
         report = run["fit_report"]
         if is_suspect(report["scores"]):
-            ratios = np.divide(report["predicted_shares"], report["expected_shares"])
-            classes.append(int(np.argmax(ratios)))
+            shares = report["predicted_shares"], report["expected_shares"]
+            classes.append(largest_excess(*shares))
     counts = sorted(Counter(classes).items(), key=lambda item: (-item[1], item[0]))
     return "; ".join(f"{label}: {count}" for label, count in counts) or "-"
 
@@ -367,14 +367,7 @@ def main(argv=None):
 
         device = torch.device("cuda" if args.device == "cuda" else "cpu")
         command = " ".join(["python benchmarks/bench_trust.py", *sys.argv[1:]])
-        meta = results.get("meta", {})
-        # The notes say how earlier runs were made; they stay with them.
-        notes = {k: v for k, v in meta.items() if k.endswith("_note")}
-        results["meta"] = {
-            **h.environment(device),
-            "commands": [*meta.get("commands", []), command],
-            **notes,
-        }
+        results["meta"] = h.extended_meta(results.get("meta", {}), device, command)
         h.write_json(path, results)
     table = render(results, args.failing_above)
     h.write_text(h.Path(path).with_suffix(".rst"), table)

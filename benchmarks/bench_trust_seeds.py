@@ -89,7 +89,7 @@ def render(results):
         "Each label draw fitted again with training seeds 1000 k + draw, "
         f"k = {', '.join(map(str, ks))}. Made by "
         + " and ".join(f"``{c}``" for c in meta["commands"])
-        + f". {meta.get('note', '')}\n\n{table}\n"
+        + f". {meta.get('runs_note', '')}\n\n{table}\n"
     )
 
 
@@ -121,14 +121,7 @@ def main(argv=None):
                 results["runs"][f"{draw}/{fit['seed']}"] = fit
         argv = sys.argv[1:] if argv is None else argv
         command = " ".join(["python benchmarks/bench_trust_seeds.py", *argv])
-        meta = results.get("meta", {})
-        # The note says how earlier runs were made; it stays with them.
-        notes = {k: v for k, v in meta.items() if k == "note"}
-        results["meta"] = {
-            **h.environment(device),
-            "commands": [*meta.get("commands", []), command],
-            **notes,
-        }
+        results["meta"] = h.extended_meta(results.get("meta", {}), device, command)
         h.write_json(path, results)
     text = render(results)
     h.write_text(path.with_suffix(".rst"), text)

@@ -33,6 +33,7 @@ __all__ = [
     "FitReportWarning",
     "REPORT_SCORES",
     "class_share_scores",
+    "largest_excess",
     "diagnose_embeddings",
     "fit_report",
     "warn_if_suspect",
@@ -232,6 +233,12 @@ def _json_float(value):
     return None if value is None or math.isnan(value) else float(value)
 
 
+def largest_excess(shares, expected):
+    """Index of the class whose share most exceeds its expected share: the
+    class a suspect report names."""
+    return int(np.argmax(np.subtract(shares, expected)))
+
+
 def class_share_scores(proba_unlabeled, expected, expected_from=None):
     """Predicted class shares and the largest excess over ``expected``.
 
@@ -256,7 +263,7 @@ def class_share_scores(proba_unlabeled, expected, expected_from=None):
     n, n_classes = proba_unlabeled.shape
     shares = np.bincount(proba_unlabeled.argmax(1), minlength=n_classes) / n
     excess = shares - expected
-    worst = int(np.argmax(excess))
+    worst = largest_excess(shares, expected)
     variance = max(expected[worst] * (1 - expected[worst]), 1e-12)
     noise = math.sqrt(variance / n + (variance / expected_from if expected_from else 0))
     return shares, worst, float(excess[worst]), float(excess[worst] / noise)

@@ -22,7 +22,9 @@ from sklearn.cluster import KMeans, MiniBatchKMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
+from ._diagnosis import largest_excess
 from ._inputs import unlabeled_mask
+from ._prior import apply_class_prior
 
 __all__ = ["rank_regions", "suggest_from_embeddings"]
 
@@ -183,8 +185,8 @@ def suggest_from_embeddings(
         # would be (enough of them to skip the focus's rows), rows not yet
         # picked first.
         rest = _region_picks(pool, anchors, class_ratio, n_labels + len(picks), rng)
-        rows = set(row_of[picks].tolist())
-        left = [i for i in rest.tolist() if i not in set(picks)]
+        rows, taken = set(row_of[picks].tolist()), set(picks)
+        left = [i for i in rest.tolist() if i not in taken]
         fresh = [i for i in left if row_of[i] not in rows]
         picks += (fresh + [i for i in left if row_of[i] in rows])[
             : n_labels - len(picks)
@@ -254,12 +256,12 @@ def _class_ratios(report, classes):
 
 
 def _suspect_class(report, classes):
-    """Index of the class a suspect report names: the largest excess of
-    predicted over expected share, as the report finds it."""
-    excess = [
-        report.predicted_shares[c] - report.expected_shares[c] for c in classes.tolist()
-    ]
-    return int(np.argmax(excess))
+    """Index of the class a suspect report names."""
+    labels = classes.tolist()
+    return largest_excess(
+        [report.predicted_shares[c] for c in labels],
+        [report.expected_shares[c] for c in labels],
+    )
 
 
 def suggest_labels(estimator, X, n_labels, y, random_state):
@@ -288,13 +290,12 @@ def suggest_labels(estimator, X, n_labels, y, random_state):
     logits = state.model.logits
     with torch.no_grad():
         scores = torch.as_tensor(pool) @ logits.weight.detach().float().cpu().T
-    scores = (scores + logits.bias.detach().float().cpu()).numpy()
+    proba = torch.softmax(scores + logits.bias.detach().float().cpu(), 1).numpy()
     if not isinstance(estimator.class_prior, str):
         # Given frequencies weigh the predictions, as in the report that
         # counted them (and in predict).
-        with np.errstate(divide="ignore"):
-            scores = scores + np.log(state.class_prior)
-    predicted = scores.argmax(1)
+        proba = apply_class_prior(proba, state.class_prior)
+    predicted = proba.argmax(1)
     class_ratios = _class_ratios(state.fit_report, state.classes)
     focus = None
     if state.fit_report is not None and state.fit_report.verdict == "suspect":

@@ -654,7 +654,7 @@ def test_trust_seeds_resumes_by_seed_and_keeps_the_note(bench, monkeypatch, tmp_
     monkeypatch.setattr(script.h, "load_mnist_sets", lambda home: None)
     first = {"draw": 2, "seed": 1002, "test_error_percent": 2.0, "verdict": "ok"}
     first["class_share_ratio"] = 1.1
-    meta = {"commands": ["first"], "note": "made by hand", "device": "x"}
+    meta = {"commands": ["first"], "runs_note": "made by hand", "device": "x"}
     path = tmp_path / "trust_seeds_cpu.json"
     path.write_text(json.dumps({"runs": {"2/1002": first}, "meta": meta}))
     asked = []
@@ -668,7 +668,7 @@ def test_trust_seeds_resumes_by_seed_and_keeps_the_note(bench, monkeypatch, tmp_
     assert asked == [(2, [2]), (5, [1, 2])]
     results = json.loads(path.read_text())
     assert sorted(results["runs"]) == ["2/1002", "2/2002", "5/1005", "5/2005"]
-    assert results["meta"]["note"] == "made by hand"
+    assert results["meta"]["runs_note"] == "made by hand"
     assert results["meta"]["commands"] == [
         "first",
         "python benchmarks/bench_trust_seeds.py --device=cpu --draws=2,5 --seeds=2",
