@@ -161,7 +161,9 @@ def test_a_memory_mapped_pool_is_never_loaded_whole(
         tmp_path / "pool.npy", mode="w+", dtype=np.uint8, shape=(n_samples, n_features)
     )
     for start in range(0, n_samples, 20_000):
-        mapped[start : start + 20_000] = rng.randint(0, 256, (20_000, n_features))
+        mapped[start : start + 20_000] = rng.randint(
+            0, 256, (20_000, n_features), dtype=np.uint8
+        )
     mapped.flush()
     del mapped
     params = {**fast_params, "max_iter": 20}
