@@ -57,8 +57,9 @@ setup(
         "tests": [
             "pytest>=7",
             # The suite's fits run on one torch thread each; pytest-xdist
-            # runs them on every core (-n auto), which cut its wall time on
-            # 2 cores by about a third.
+            # runs them on every core (-n auto), a module per worker
+            # (--dist loadscope: a module's spawned processes start once),
+            # which cut its wall time on 2 cores by about a third.
             "pytest-xdist>=3",
             "pandas>=1.5",
             "scipy>=1.9",

@@ -206,18 +206,21 @@ def test_processes_given_different_data_are_refused(two_processes):
 def test_devices_fits_in_a_process_per_device_like_one_process(
     blobs_for_workers, tmp_path
 ):
-    """The notebook way: ``devices`` starts the processes itself, and a
-    sliced memory map trains on its own rows, as one process would."""
+    """The notebook way: ``devices`` starts the processes itself; a sliced
+    memory map of float64 rows and string labels train on the same rows
+    and classes as one process would."""
     X, y = blobs_for_workers
+    y = np.where(y < 0, "-1", np.array(["a", "b", "c"])[y])
     path = tmp_path / "X.dat"
-    whole = np.memmap(path, dtype=np.float32, mode="w+", shape=(len(X) + 10, 5))
+    whole = np.memmap(path, dtype=np.float64, mode="w+", shape=(len(X) + 10, 5))
     whole[10:] = X
     whole.flush()
-    sliced = np.memmap(path, dtype=np.float32, mode="r", shape=whole.shape)[10:]
+    sliced = np.memmap(path, dtype=np.float64, mode="r", shape=whole.shape)[10:]
     params = {**PARAMS, "max_iter": 30}
     spread = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
     spread.fit(sliced, y)
-    one = SemiSupervisedAssociationClassifier(**params).fit(X.astype(np.float32), y)
+    one = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    assert list(spread.classes_) == list(one.classes_) == ["a", "b", "c"]
     assert spread.n_iter_ == 30 and spread.device_ == torch.device("cpu")
     for name, tensor in one.model_.state_dict().items():
         torch.testing.assert_close(
@@ -258,9 +261,9 @@ def test_bad_devices_are_refused_before_any_process_starts(
         clf.fit(X, y)
 
 
-def test_devices_sends_what_one_process_would_fit():
+def test_devices_passes_names_and_early_stopping_without_a_seed():
     """String labels, a DataFrame's names and early stopping without a seed
-    reach the processes."""
+    reach the processes (which must draw one seed for all of them)."""
     pandas = pytest.importorskip("pandas")
     X, y = make_blobs(160, centers=3, n_features=5, random_state=0)
     y = np.array(["a", "b", "c"], dtype="<U2")[y]
