@@ -144,9 +144,10 @@ def environment(device):
 
 def extended_meta(meta, device, command):
     """A results file's ``meta`` after a run of ``command`` on ``device``:
-    this environment, the commands so far and this one, and the notes
-    (keys ending in ``_note``) that say how earlier runs were made."""
-    notes = {k: v for k, v in meta.items() if k.endswith("_note")}
+    this environment, the commands so far and this one, the notes (keys
+    ending in ``_note``) that say how earlier runs were made, and the
+    tables' ``title`` where the file has its own."""
+    notes = {k: v for k, v in meta.items() if k.endswith("_note") or k == "title"}
     commands = [*meta.get("commands", []), command]
     return {**environment(device), "commands": commands, **notes}
 

@@ -173,6 +173,7 @@ SCORES = (
     "class_share_z",
     "low_visit_share",
     "round_trip_change",
+    "excess_class_low_visit",
 )
 
 
@@ -184,12 +185,28 @@ def roc_auc(failing, good):
     return wins / (len(failing) * len(good))
 
 
+#: The diagnosis table's title, unless the results' meta gives its own
+#: (a page that shows two files' tables needs two).
+DIAGNOSIS_TITLE = "Does ``fit_report_`` flag the failed fits?"
 #: Thresholds of class_share_ratio shown beside the verdict's own.
 RATIO_THRESHOLDS = (1.125, 1.15)
 
 
 def _flags(runs, rule):
-    return f"{sum(rule(r['fit_report']['scores']) for r in runs)} / {len(runs)}"
+    """``"flagged / runs"``, or n/a where a report lacks a score the rule
+    reads (reports made before the score existed)."""
+    try:
+        flagged = sum(rule(r["fit_report"]["scores"]) for r in runs)
+    except KeyError:
+        return "n/a"
+    return f"{flagged} / {len(runs)}"
+
+
+def with_low_visit(scores):
+    """The verdict, and the flagged class's predictions more often rarely
+    visited than the median class's (``excess_class_low_visit`` above 0)."""
+    low_visit = scores["excess_class_low_visit"]  # KeyError in older reports
+    return is_suspect(scores) and low_visit > 0
 
 
 def _excess_classes(runs):
@@ -202,7 +219,7 @@ def _excess_classes(runs):
             shares = report["predicted_shares"], report["expected_shares"]
             classes.append(largest_excess(*shares))
     counts = sorted(Counter(classes).items(), key=lambda item: (-item[1], item[0]))
-    return "; ".join(f"{label}: {count}" for label, count in counts) or "-"
+    return "; ".join(f"{label}: {count}" for label, count in counts) or "none"
 
 
 #: The verdict's thresholds were set looking at each recipe's draws below
@@ -241,10 +258,17 @@ def diagnosis_rows(runs, failing_above):
                 return scores["class_share_ratio"] > t
 
             cells += [_flags(bad, rule), _flags(good, rule)]
+        cells += [_flags(bad, with_low_visit), _flags(good, with_low_visit)]
         for score in SCORES:
             auc = roc_auc(
-                [r["fit_report"]["scores"][score] for r in bad],
-                [r["fit_report"]["scores"][score] for r in good],
+                *(
+                    [
+                        r["fit_report"]["scores"][score]
+                        for r in runs
+                        if score in r["fit_report"]["scores"]
+                    ]
+                    for runs in (bad, good)
+                )
             )
             cells.append(h.fmt(auc))
         rows.append(cells)
@@ -287,48 +311,56 @@ def suggestion_rows(runs):
 
 
 def render(results, failing_above):
-    """The docs' tables: the diagnosis over every draw, the refits of the
-    failed ones."""
+    """The docs' tables: the diagnosis over every draw whose report is
+    current, the refits of the failed draws; each where it has runs."""
     runs = list(results["runs"].values())
     # Runs of the diagnosis alone, where a file holds them (see its note).
-    reported = {**results["runs"], **results.get("report_runs", {})}
-    header = ["recipe", "draws", "verdict: failed", "verdict: good"]
-    header += ["class blamed: failed", "class blamed: good"]
-    for threshold in RATIO_THRESHOLDS:
-        header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
-    diagnosis = h.rst_table(
-        header + [f"AUC {s}" for s in SCORES],
-        diagnosis_rows(list(reported.values()), failing_above),
-    )
-    suggestions = h.rst_table(
-        [
-            "recipe",
-            f"{EXTRA_LABELS} more labels from",
-            "draws",
-            "median error %",
-            "worst %",
-        ],
-        suggestion_rows([r for r in runs if r["refits"]]),
-    )
-    commands = results["meta"]["commands"]
-    return (
-        ".. rubric:: Does ``fit_report_`` flag the failed fits?\n\n"
-        "MNIST, 10 labels a class; a draw fails when its test error is above "
-        f"{failing_above} %. Flagged draws (failed, then good ones): by the "
-        'verdict ("suspect"), and by class_share_ratio above two other '
-        "thresholds. Class blamed: the class of the largest share excess of "
-        "each draw the verdict flags, as class: draws. AUC: the probability "
-        "that a failed draw's score is above a good one's. Made by "
-        + " and ".join(f"``{c}``" for c in commands)
-        + ". "
-        + results["meta"].get("report_runs_note", "")
-        + "\n\n"
-        f"{diagnosis}\n\n"
-        ".. rubric:: Refitted with 10 more labels\n\n"
-        "The failed draws of the runs with refits, each refitted with the "
-        "labels of 10 more samples chosen by each strategy (same seed).\n\n"
-        f"{suggestions}\n"
-    )
+    reported = list({**results["runs"], **results.get("report_runs", {})}.values())
+    refitted = [r for r in runs if r["refits"]]
+    commands = " and ".join(f"``{c}``" for c in results["meta"]["commands"])
+    parts = []
+    if reported:
+        header = ["recipe", "draws", "verdict: failed", "verdict: good"]
+        header += ["class blamed: failed", "class blamed: good"]
+        for threshold in RATIO_THRESHOLDS:
+            header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
+        header += ["verdict, low visit: failed", "verdict, low visit: good"]
+        diagnosis = h.rst_table(
+            header + [f"AUC {s}" for s in SCORES],
+            diagnosis_rows(reported, failing_above),
+        )
+        parts.append(
+            f".. rubric:: {results['meta'].get('title', DIAGNOSIS_TITLE)}\n\n"
+            "MNIST, 10 labels a class; a draw fails when its test error is above "
+            f"{failing_above} %. Flagged draws (failed, then good ones): by the "
+            'verdict ("suspect"), by class_share_ratio above two other '
+            "thresholds, and by the verdict where excess_class_low_visit is "
+            "also above 0 (n/a: reports made before that score). Class blamed: "
+            "the class of the largest share excess of each draw the verdict "
+            "flags, as class: draws. AUC: the probability that a failed draw's "
+            "score is above a good one's. Made by "
+            f"{commands}. "
+            + results["meta"].get("report_runs_note", "")
+            + f"\n\n{diagnosis}\n"
+        )
+    if refitted:
+        suggestions = h.rst_table(
+            [
+                "recipe",
+                f"{EXTRA_LABELS} more labels from",
+                "draws",
+                "median error %",
+                "worst %",
+            ],
+            suggestion_rows(refitted),
+        )
+        parts.append(
+            ".. rubric:: Refitted with 10 more labels\n\n"
+            "The failed draws of the runs with refits, each refitted with the "
+            "labels of 10 more samples chosen by each strategy (same seed). "
+            f"Made by {commands}.\n\n{suggestions}\n"
+        )
+    return "\n".join(parts)
 
 
 def main(argv=None):

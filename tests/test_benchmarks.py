@@ -602,10 +602,16 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
     rows = trust.diagnosis_rows(runs, failing_above=1.5)
     # Flagged runs blame class 1, whose share is above the others'.
     assert [row[:6] for row in rows] == [
-        ["consistency", "2", "1 / 1", "0 / 1", "1: 1", "-"],
+        ["consistency", "2", "1 / 1", "0 / 1", "1: 1", "none"],
         [f"consistency, held out (draws {held_out + 5}-{held_out + 6})", "2"]
         + ["1 / 1", "1 / 1", "1: 1", "1: 1"],
     ]
+    # The verdict with the low-visit score (above 0 in every run here) flags
+    # as the verdict does; without the score (an older report), n/a.
+    assert [row[10:12] for row in rows] == [["1 / 1", "0 / 1"], ["1 / 1", "1 / 1"]]
+    for r in runs:
+        del r["fit_report"]["scores"]["excess_class_low_visit"]
+    assert trust.diagnosis_rows(runs, failing_above=1.5)[0][10:12] == ["n/a", "n/a"]
 
 
 def test_trust_seeds_table_counts_the_failed_fits_of_each_draw(bench):
@@ -707,3 +713,14 @@ def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
     assert rows["1"].endswith("none")
     assert rows["2"].endswith("1 (ConvergenceWarning)")
     assert rows["4"].endswith("not recorded")
+
+
+def test_extended_meta_keeps_notes_and_title_and_renews_the_rest(bench):
+    import torch
+
+    harness = bench("_harness")
+    old = {"date": "then", "commands": ["a"], "x_note": "n", "title": "T", "seed": 3}
+    meta = harness.extended_meta(old, torch.device("cpu"), "b")
+    assert meta["commands"] == ["a", "b"]
+    assert meta["x_note"] == "n" and meta["title"] == "T"
+    assert "seed" not in meta and meta["date"] != "then"

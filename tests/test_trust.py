@@ -22,22 +22,33 @@ def _blobs(centres, sizes, rng, spread=0.05):
     ).astype(np.float32)
 
 
-def _parts(pred_unlabeled, n_classes=2):
+def _parts(pred_unlabeled, n_classes=2, foreign=0):
     """Embeddings, labels and probabilities of 5 labeled samples a class and
-    unlabeled ones predicted ``pred_unlabeled``."""
+    unlabeled ones predicted ``pred_unlabeled``: each among the labels of its
+    predicted class, but the last ``foreign`` ones in a region of their own,
+    far from every label (a style handed to the class it is predicted)."""
     rng = np.random.default_rng(0)
+    centres = 3 * np.eye(n_classes + 1, 4)
     y_lab = np.repeat(np.arange(n_classes), 5)
-    emb_lab = rng.standard_normal((len(y_lab), 4)).astype(np.float32)
-    emb_unl = rng.standard_normal((len(pred_unlabeled), 4)).astype(np.float32)
+    where = np.array(pred_unlabeled, dtype=int)
+    where[len(where) - foreign :] = n_classes
+    emb_lab = centres[y_lab] + 0.02 * rng.standard_normal((len(y_lab), 4))
+    emb_unl = centres[where] + 0.02 * rng.standard_normal((len(where), 4))
     eye = np.eye(n_classes)
-    return emb_lab, y_lab, eye[y_lab], emb_unl, eye[pred_unlabeled]
+    return (
+        emb_lab.astype(np.float32),
+        y_lab,
+        eye[y_lab],
+        emb_unl.astype(np.float32),
+        eye[pred_unlabeled],
+    )
 
 
-def _report(pred_unlabeled, n_classes=2, expected=None):
+def _report(pred_unlabeled, n_classes=2, expected=None, foreign=0):
     """A report whose unlabeled samples are predicted ``pred_unlabeled``."""
     expected = np.full(n_classes, 1 / n_classes) if expected is None else expected
     return diagnose_embeddings(
-        *_parts(pred_unlabeled, n_classes),
+        *_parts(pred_unlabeled, n_classes, foreign),
         expected,
         np.array(["cat", "dog", "eel"][:n_classes]),
     )
@@ -48,11 +59,29 @@ def test_report_ok_when_shares_match_and_suspect_when_a_class_grows():
     assert ok.verdict == "ok" and ok.reasons == ()
     assert set(ok.scores) == set(REPORT_SCORES)
     assert ok.scores["class_share_excess"] == pytest.approx(0.0)
-    suspect = _report(np.repeat([0, 1], [650, 350]))
+    # 150 samples of a region without labels (the last ones), predicted "cat".
+    suspect = _report(np.repeat([1, 0], [350, 650]), foreign=150)
     assert suspect.verdict == "suspect"
     assert suspect.scores["class_share_excess"] == pytest.approx(0.15)
     assert suspect.predicted_shares == {"cat": 0.65, "dog": 0.35}
     assert "'cat'" in suspect.reasons[0]
+
+
+def test_the_low_visit_score_tells_a_handed_over_region_from_a_frequent_class():
+    # The same shares as the suspect report above, but every "cat" lies
+    # among the cat labels: a frequent class, visited as often as the other.
+    # The verdict reads shares alone, so both are suspect; the score differs.
+    frequent = _report(np.repeat([0, 1], [650, 350]))
+    handed_over = _report(np.repeat([1, 0], [350, 650]), foreign=150)
+    assert frequent.scores["class_share_excess"] == pytest.approx(0.15)
+    assert frequent.scores["excess_class_low_visit"] <= 0
+    assert handed_over.scores["excess_class_low_visit"] > 0.1
+    assert frequent.verdict == handed_over.verdict == "suspect"
+    # The score is NaN when no class is expected.
+    unchecked = diagnose_embeddings(
+        *_parts(np.repeat([0, 1], [650, 350])), None, np.array(["cat", "dog"])
+    )
+    assert np.isnan(unchecked.scores["excess_class_low_visit"])
 
 
 def test_report_compares_with_given_shares_and_ignores_noise():
@@ -298,7 +327,7 @@ def test_ctrl_c_during_the_report_keeps_the_model(report_interrupted):
 def test_a_suspect_fit_of_100_steps_or_more_warns():
     from skassoc._diagnosis import WARN_MIN_STEPS, warn_if_suspect
 
-    suspect = _report(np.repeat([0, 1], [650, 350]))
+    suspect = _report(np.repeat([1, 0], [350, 650]), foreign=150)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warn_if_suspect(suspect, WARN_MIN_STEPS - 1)
@@ -474,3 +503,45 @@ def test_every_distinct_row_is_picked_before_any_row_twice(monkeypatch):
     pool = np.concatenate([np.repeat(distinct[:1], 600, axis=0), distinct[1:]])
     picks = suggest.suggest_from_embeddings(pool, pool[:0], np.ones(len(pool)), 20, 0)
     assert len({tuple(row) for row in pool[picks]}) == 20
+
+
+def test_the_report_of_a_trained_model_reads_its_graph_rows_aligned(monkeypatch):
+    """``fit_report`` embeds the unlabeled samples a chunk at a time and keeps
+    every step-th one for the graph: the graph's rows and their predicted
+    classes are those of the same samples."""
+    import torch
+
+    from skassoc import _diagnosis
+
+    monkeypatch.setattr(_diagnosis, "GRAPH_SAMPLES", 40)
+    monkeypatch.setattr(_diagnosis, "REPORT_CHUNK", 7)
+    rng = np.random.default_rng(1)
+    pred = rng.permutation(np.repeat([0, 1], [130, 70]))
+    emb_lab, y_lab, _, emb_unl, _ = _parts(pred, foreign=0)
+    foreign = rng.choice(np.flatnonzero(pred == 0), 40, replace=False)
+    emb_unl[foreign] = 3 * np.eye(4)[2] + 0.02 * rng.standard_normal((40, 4))
+    embeddings = np.concatenate([emb_lab, emb_unl])
+    encoded = np.r_[y_lab, np.full(len(pred), -1)]
+    # cat: the first or the third axis; dog: the second.
+    weight = np.array([[1.0, 0, 1, 0], [0, 1, 0, 0]])
+    layer = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.as_tensor(weight))
+        layer.bias.zero_()
+    classes = np.array(["cat", "dog"])
+    report = _diagnosis.fit_report(
+        lambda rows: embeddings[rows], layer, encoded, classes, "uniform", seed=0
+    )
+    step = 5  # 200 unlabeled samples, 40 in the graph
+    direct = diagnose_embeddings(
+        emb_lab,
+        y_lab,
+        _diagnosis._softmax(emb_lab.astype(np.float64) @ weight.T),
+        emb_unl[::step],
+        _diagnosis._softmax(emb_unl.astype(np.float64) @ weight.T),
+        np.array([0.5, 0.5]),
+        classes,
+        graph_predictions=pred[::step],
+    )
+    assert report == direct
+    assert report.scores["excess_class_low_visit"] > 0
