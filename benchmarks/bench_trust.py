@@ -24,6 +24,7 @@ skipped) and the table to ``trust_<device>.rst``::
 
 import argparse
 import concurrent.futures
+import math
 import multiprocessing
 import sys
 import time
@@ -193,20 +194,37 @@ RATIO_THRESHOLDS = (1.125, 1.15)
 
 
 def _flags(runs, rule):
-    """``"flagged / runs"``, or n/a where a report lacks a score the rule
-    reads (reports made before the score existed)."""
-    try:
-        flagged = sum(rule(r["fit_report"]["scores"]) for r in runs)
-    except KeyError:
-        return "n/a"
-    return f"{flagged} / {len(runs)}"
+    return f"{sum(rule(r['fit_report']['scores']) for r in runs)} / {len(runs)}"
+
+
+LOW_VISIT = "excess_class_low_visit"
+
+
+def has_low_visit(runs):
+    """Whether every report holds the low-visit score (reports made before
+    it existed do not: their table leaves its columns out)."""
+    return all(LOW_VISIT in r["fit_report"]["scores"] for r in runs)
+
+
+def _flagged_by(low_visit):
+    """The caption's list of what flags a draw."""
+    rules = ['the verdict ("suspect")', "class_share_ratio above two other thresholds"]
+    if low_visit:
+        rules.append("the verdict where excess_class_low_visit is also above 0")
+    return "by " + ", by ".join(rules[:-1]) + f" and by {rules[-1]}."
 
 
 def with_low_visit(scores):
     """The verdict, and the flagged class's predictions more often rarely
-    visited than the median class's (``excess_class_low_visit`` above 0)."""
-    low_visit = scores["excess_class_low_visit"]  # KeyError in older reports
-    return is_suspect(scores) and low_visit > 0
+    visited than the other classes' (``excess_class_low_visit`` above 0;
+    NaN, stored as null, is not)."""
+    low_visit = scores[LOW_VISIT]
+    return is_suspect(scores) and low_visit is not None and low_visit > 0
+
+
+def _finite_scores(runs, score):
+    values = (r["fit_report"]["scores"][score] for r in runs)
+    return [v for v in values if v is not None and math.isfinite(v)]
 
 
 def _excess_classes(runs):
@@ -235,13 +253,18 @@ def _group(run):
 
 def diagnosis_rows(runs, failing_above):
     """Per recipe (held-out draws apart): flagged failed and good draws, and
-    each score's AUC."""
+    each score's AUC (with the low-visit columns where every report has the
+    score)."""
+    low_visit = has_low_visit(runs)
     rows = []
     for recipe, held_out in sorted({_group(r) for r in runs}):
         mine = [r for r in runs if _group(r) == (recipe, held_out)]
         if held_out:
             draws = sorted(r["draw"] for r in mine)
-            recipe = f"{recipe}, held out (draws {draws[0]}-{draws[-1]})"
+            span = f"{draws[0]}-{draws[-1]}"
+            if draws != list(range(draws[0], draws[-1] + 1)):
+                span = ", ".join(map(str, draws))
+            recipe = f"{recipe}, held out (draws {span})"
         bad = [r for r in mine if r["test_error_percent"] > failing_above]
         good = [r for r in mine if r["test_error_percent"] <= failing_above]
         cells = [
@@ -258,18 +281,10 @@ def diagnosis_rows(runs, failing_above):
                 return scores["class_share_ratio"] > t
 
             cells += [_flags(bad, rule), _flags(good, rule)]
-        cells += [_flags(bad, with_low_visit), _flags(good, with_low_visit)]
-        for score in SCORES:
-            auc = roc_auc(
-                *(
-                    [
-                        r["fit_report"]["scores"][score]
-                        for r in runs
-                        if score in r["fit_report"]["scores"]
-                    ]
-                    for runs in (bad, good)
-                )
-            )
+        if low_visit:
+            cells += [_flags(bad, with_low_visit), _flags(good, with_low_visit)]
+        for score in SCORES if low_visit else SCORES[:-1]:
+            auc = roc_auc(_finite_scores(bad, score), _finite_scores(good, score))
             cells.append(h.fmt(auc))
         rows.append(cells)
     return rows
@@ -324,21 +339,21 @@ def render(results, failing_above):
         header += ["class blamed: failed", "class blamed: good"]
         for threshold in RATIO_THRESHOLDS:
             header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
-        header += ["verdict, low visit: failed", "verdict, low visit: good"]
+        low_visit = has_low_visit(reported)
+        if low_visit:
+            header += ["verdict, low visit: failed", "verdict, low visit: good"]
         diagnosis = h.rst_table(
-            header + [f"AUC {s}" for s in SCORES],
+            header + [f"AUC {s}" for s in (SCORES if low_visit else SCORES[:-1])],
             diagnosis_rows(reported, failing_above),
         )
         parts.append(
             f".. rubric:: {results['meta'].get('title', DIAGNOSIS_TITLE)}\n\n"
             "MNIST, 10 labels a class; a draw fails when its test error is above "
-            f"{failing_above} %. Flagged draws (failed, then good ones): by the "
-            'verdict ("suspect"), by class_share_ratio above two other '
-            "thresholds, and by the verdict where excess_class_low_visit is "
-            "also above 0 (n/a: reports made before that score). Class blamed: "
-            "the class of the largest share excess of each draw the verdict "
-            "flags, as class: draws. AUC: the probability that a failed draw's "
-            "score is above a good one's. Made by "
+            f"{failing_above} %. Flagged draws (failed, then good ones): "
+            + _flagged_by(low_visit)
+            + " Class blamed: the class of the largest share excess of each "
+            "draw the verdict flags, as class: draws. AUC: the probability "
+            "that a failed draw's score is above a good one's. Made by "
             f"{commands}. "
             + results["meta"].get("report_runs_note", "")
             + f"\n\n{diagnosis}\n"
@@ -358,7 +373,8 @@ def render(results, failing_above):
             ".. rubric:: Refitted with 10 more labels\n\n"
             "The failed draws of the runs with refits, each refitted with the "
             "labels of 10 more samples chosen by each strategy (same seed). "
-            f"Made by {commands}.\n\n{suggestions}\n"
+            + ("Made by the commands above" if reported else f"Made by {commands}")
+            + f".\n\n{suggestions}\n"
         )
     return "\n".join(parts)
 

@@ -90,7 +90,7 @@ REPORT_SCORES = {
     "excess_class_low_visit": (
         "share of the rarely visited samples (as in low_visit_share) among "
         "the predictions of the class of the largest share excess, less the "
-        "median class's share of them"
+        "median of the other classes' shares"
     ),
 }
 
@@ -195,10 +195,12 @@ class FitReport:
         ):
             raise ValueError("bad fit_report sample counts.")
         labels = list(classes.tolist())
+        # A report saved before a score existed lacks it: NaN, not computed.
+        scores = {k: math.nan if v is None else float(v) for k, v in scores.items()}
         return cls(
             verdict,
             tuple(reasons),
-            {k: math.nan if v is None else float(v) for k, v in scores.items()},
+            {**dict.fromkeys(REPORT_SCORES, math.nan), **scores},
             *(dict(zip(labels, v)) if v else {} for v in shares),
             *counts,
         )
@@ -288,7 +290,7 @@ def _graph_scores(emb_labeled, y_labeled, emb_unlabeled, predicted, excess_class
     similarity = a @ b.T
     p_ab = torch.softmax(similarity, dim=1)
     p_ba = torch.softmax(similarity.T, dim=1)
-    low = (p_ab.mean(0) * b.shape[0] < LOW_VISIT).numpy()
+    low = (p_ab.mean(0) * b.shape[0] < LOW_VISIT).cpu().numpy()
     labels = torch.as_tensor(y_labeled)
     same_class = (labels[:, None] == labels[None, :]).float()
     # Round trips a -> b -> a' (a labeled-by-labeled matrix), summed over
@@ -310,7 +312,7 @@ def _graph_scores(emb_labeled, y_labeled, emb_unlabeled, predicted, excess_class
 
 def _class_low_visit(low, predicted, excess_class):
     """The excess class's share of rarely visited samples among its
-    predictions, less the median over the predicted classes of theirs.
+    predictions, less the median of the other predicted classes' shares.
 
     A region of another class that the network hands to a class holds no
     label of that class, so the walks from the labels seldom reach it: the
@@ -322,7 +324,10 @@ def _class_low_visit(low, predicted, excess_class):
     """
     if excess_class is None or not np.any(predicted == excess_class):
         return math.nan
-    shares = [low[predicted == c].mean() for c in np.unique(predicted)]
+    others = np.setdiff1d(np.unique(predicted), [excess_class])
+    if len(others) == 0:  # a single predicted class: nothing to compare with
+        return math.nan
+    shares = [low[predicted == c].mean() for c in others]
     return float(low[predicted == excess_class].mean() - np.median(shares))
 
 
@@ -377,6 +382,12 @@ def diagnose_embeddings(
         )
     if graph_predictions is None:
         graph_predictions = proba_unlabeled.argmax(1)
+    if len(graph_predictions) != len(emb_unlabeled):
+        raise ValueError(
+            f"{len(emb_unlabeled)} graph rows but {len(graph_predictions)} "
+            "predicted classes: pass graph_predictions, one per row of "
+            "emb_unlabeled, when those rows are a subset of proba_unlabeled's."
+        )
     worst = (
         None
         if expected is None

@@ -606,12 +606,23 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
         [f"consistency, held out (draws {held_out + 5}-{held_out + 6})", "2"]
         + ["1 / 1", "1 / 1", "1: 1", "1: 1"],
     ]
-    # The verdict with the low-visit score (above 0 in every run here) flags
-    # as the verdict does; without the score (an older report), n/a.
-    assert [row[10:12] for row in rows] == [["1 / 1", "0 / 1"], ["1 / 1", "1 / 1"]]
+    # The verdict with the low-visit score flags the suspect runs whose score
+    # is above 0 (all but a failed one here); without the score (an older
+    # report), its columns are left out.
+    runs[1]["fit_report"]["scores"]["excess_class_low_visit"] = -0.01
+    rows = trust.diagnosis_rows(runs, failing_above=1.5)
+    assert [row[10:12] for row in rows] == [["0 / 1", "0 / 1"], ["1 / 1", "1 / 1"]]
     for r in runs:
         del r["fit_report"]["scores"]["excess_class_low_visit"]
-    assert trust.diagnosis_rows(runs, failing_above=1.5)[0][10:12] == ["n/a", "n/a"]
+    assert len(trust.diagnosis_rows(runs, failing_above=1.5)[0]) == len(rows[0]) - 3
+
+
+@pytest.mark.parametrize("name", ["trust_cuda", "trust_verdict_cuda"])
+def test_trust_tables_are_rendered_from_their_files(bench, name):
+    trust = bench("bench_trust")
+    committed = json.loads((RESULTS / f"{name}.json").read_text())
+    table = trust.render(committed, trust.FAILING_ABOVE)
+    assert table == (RESULTS / f"{name}.rst").read_text()
 
 
 def test_trust_seeds_table_counts_the_failed_fits_of_each_draw(bench):

@@ -545,3 +545,35 @@ def test_the_report_of_a_trained_model_reads_its_graph_rows_aligned(monkeypatch)
     )
     assert report == direct
     assert report.scores["excess_class_low_visit"] > 0
+
+
+def test_the_low_visit_score_compares_with_the_median_of_the_other_classes():
+    # Three classes; a region without labels handed to "cat": the score is
+    # cat's share of rarely visited samples less the median of the others'
+    # (both 0), with one class predicted NaN (nothing to compare with).
+    three = _report(np.repeat([1, 2, 0], [300, 300, 400]), n_classes=3, foreign=100)
+    assert three.scores["excess_class_low_visit"] == pytest.approx(100 / 400)
+    single = _report(np.zeros(300, int), foreign=100)
+    assert single.verdict == "suspect"
+    assert np.isnan(single.scores["excess_class_low_visit"])
+
+
+def test_graph_rows_and_their_predictions_must_match():
+    parts = list(_parts(np.repeat([0, 1], 50)))
+    with pytest.raises(ValueError, match="graph_predictions, one per row"):
+        diagnose_embeddings(
+            *parts[:3],
+            parts[3][::2],
+            parts[4],
+            np.array([0.5, 0.5]),
+            np.array(["cat", "dog"]),
+        )
+
+
+def test_a_report_saved_before_a_score_existed_loads_it_as_nan():
+    report = _report(np.repeat([0, 1], 500))
+    entry = report.to_dict()
+    del entry["scores"]["excess_class_low_visit"]
+    loaded = FitReport.from_dict(entry, np.array(["cat", "dog"]))
+    assert set(loaded.scores) == set(REPORT_SCORES)
+    assert np.isnan(loaded.scores["excess_class_low_visit"])
