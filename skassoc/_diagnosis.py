@@ -388,17 +388,17 @@ def diagnose_embeddings(
             "predicted classes: pass graph_predictions, one per row of "
             "emb_unlabeled, when those rows are a subset of proba_unlabeled's."
         )
-    worst = (
-        None
-        if expected is None
-        else largest_excess(
-            np.bincount(proba_unlabeled.argmax(1), minlength=n_classes) / n_unlabeled,
-            expected,
+    if expected is not None:
+        shares, worst, excess, z = class_share_scores(
+            proba_unlabeled, expected, expected_from
         )
-    )
     graph_scores = {
         **_graph_scores(
-            emb_labeled, y_labeled, emb_unlabeled, graph_predictions, worst
+            emb_labeled,
+            y_labeled,
+            emb_unlabeled,
+            graph_predictions,
+            None if expected is None else worst,
         ),
         "label_agreement": float(np.mean(proba_labeled.argmax(1) == y_labeled)),
     }
@@ -413,9 +413,6 @@ def diagnose_embeddings(
             n_labeled,
             n_unlabeled,
         )
-    shares, worst, excess, z = class_share_scores(
-        proba_unlabeled, expected, expected_from
-    )
     ratio = shares[worst] / expected[worst]
     scores = {
         "class_share_excess": excess,
