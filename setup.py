@@ -58,8 +58,7 @@ setup(
             "pytest>=7",
             # The suite's fits run on one torch thread each; pytest-xdist
             # runs them on every core (-n auto), a module per worker
-            # (--dist loadscope: a module's spawned processes start once),
-            # which cut its wall time on 2 cores by about a third.
+            # (--dist loadscope: a module's spawned processes start once).
             "pytest-xdist>=3",
             "pandas>=1.5",
             "scipy>=1.9",

@@ -197,13 +197,14 @@ def _flags(runs, rule):
     return f"{sum(rule(r['fit_report']['scores']) for r in runs)} / {len(runs)}"
 
 
-LOW_VISIT = "excess_class_low_visit"
+#: The report score of the "verdict, low visit" columns.
+LOW_VISIT_SCORE = "excess_class_low_visit"
 
 
 def has_low_visit(runs):
     """Whether every report holds the low-visit score (reports made before
     it existed do not: their table leaves its columns out)."""
-    return all(LOW_VISIT in r["fit_report"]["scores"] for r in runs)
+    return all(LOW_VISIT_SCORE in r["fit_report"]["scores"] for r in runs)
 
 
 def _flagged_by(low_visit):
@@ -214,11 +215,17 @@ def _flagged_by(low_visit):
     return "by " + ", by ".join(rules[:-1]) + f" and by {rules[-1]}."
 
 
+def _shown_scores(low_visit):
+    """The scores whose AUC the table gives: the low-visit one only where
+    every report has it."""
+    return SCORES if low_visit else tuple(s for s in SCORES if s != LOW_VISIT_SCORE)
+
+
 def with_low_visit(scores):
     """The verdict, and the flagged class's predictions more often rarely
     visited than the other classes' (``excess_class_low_visit`` above 0;
     NaN, stored as null, is not)."""
-    low_visit = scores[LOW_VISIT]
+    low_visit = scores[LOW_VISIT_SCORE]
     return is_suspect(scores) and low_visit is not None and low_visit > 0
 
 
@@ -283,7 +290,7 @@ def diagnosis_rows(runs, failing_above):
             cells += [_flags(bad, rule), _flags(good, rule)]
         if low_visit:
             cells += [_flags(bad, with_low_visit), _flags(good, with_low_visit)]
-        for score in SCORES if low_visit else SCORES[:-1]:
+        for score in _shown_scores(low_visit):
             auc = roc_auc(_finite_scores(bad, score), _finite_scores(good, score))
             cells.append(h.fmt(auc))
         rows.append(cells)
@@ -343,7 +350,7 @@ def render(results, failing_above):
         if low_visit:
             header += ["verdict, low visit: failed", "verdict, low visit: good"]
         diagnosis = h.rst_table(
-            header + [f"AUC {s}" for s in (SCORES if low_visit else SCORES[:-1])],
+            header + [f"AUC {s}" for s in _shown_scores(low_visit)],
             diagnosis_rows(reported, failing_above),
         )
         parts.append(
@@ -402,8 +409,10 @@ def main(argv=None):
     parser.add_argument("--json", default=None)
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
-    path = args.json or h.RESULTS_DIR / f"trust_{args.device}.json"
-    results = h.load_json(path) if h.Path(path).exists() else {"runs": {}}
+    path = h.Path(args.json or h.RESULTS_DIR / f"trust_{args.device}.json")
+    if args.render_only and not path.exists():
+        parser.error(f"--render-only needs {h.shown_path(path)}, which is not there")
+    results = h.load_json(path) if path.exists() else {"runs": {}}
     if not args.render_only:
         done = results["runs"]
         jobs = [
@@ -414,11 +423,12 @@ def main(argv=None):
         import torch
 
         device = torch.device("cuda" if args.device == "cuda" else "cpu")
-        command = " ".join(["python benchmarks/bench_trust.py", *sys.argv[1:]])
+        argv = sys.argv[1:] if argv is None else argv
+        command = " ".join(["python benchmarks/bench_trust.py", *argv])
         results["meta"] = h.extended_meta(results.get("meta", {}), device, command)
         h.write_json(path, results)
     table = render(results, args.failing_above)
-    h.write_text(h.Path(path).with_suffix(".rst"), table)
+    h.write_text(path.with_suffix(".rst"), table)
     print(table)
 
 

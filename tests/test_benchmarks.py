@@ -735,3 +735,12 @@ def test_extended_meta_keeps_notes_and_title_and_renews_the_rest(bench):
     assert meta["commands"] == ["a", "b"]
     assert meta["x_note"] == "n" and meta["title"] == "T"
     assert "seed" not in meta and meta["date"] != "then"
+
+
+def test_trust_render_only_without_its_file_says_so(bench, tmp_path, capsys):
+    trust = bench("bench_trust")
+    missing = tmp_path / "trust_cuda.json"
+    with pytest.raises(SystemExit):
+        trust.main(["--render-only", f"--json={missing}"])
+    assert "--render-only needs" in capsys.readouterr().err
+    assert not missing.with_suffix(".rst").exists()
