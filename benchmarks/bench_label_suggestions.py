@@ -60,8 +60,12 @@ def _first_level(name):
 def run_draw(job):
     """The first fit of one draw and a refit per strategy; its JSON record."""
     import torch
+    from threadpoolctl import threadpool_limits
 
+    # One thread a process for torch and for k-means's OpenMP alike: --jobs
+    # processes share the machine's cores.
     torch.set_num_threads(1)
+    threadpool_limits(1)
     name, draw = job
     X, X_test, y, y_test = suite.load(name, "cpu")
     labels = suite.possible_labels(name, y)[0]  # main kept sets that have one
@@ -160,7 +164,7 @@ def render(results):
         "paired difference is the median over the draws of the suggested "
         "refit's gain less the random one's (same draw, same seed); the last "
         "column gives how many classes a draw's picks covered (median). Made "
-        f"by {commands} on a CPU, one torch thread a process.\n\n{table}\n"
+        f"by {commands} on a CPU, one thread a process.\n\n{table}\n"
     )
 
 

@@ -294,6 +294,10 @@ def measure(args):
         results.update(measure_throughput(args, counts))
         h.write_json(args.json, results)
     if "accuracy" in args.only:
+        if "accuracy" in results:
+            # A rerun keeps the earlier runs' fits: a rare outcome (one
+            # collapsed draw) stays on record rather than being overwritten.
+            results.setdefault("earlier_accuracy", []).append(results["accuracy"])
         results["accuracy"] = measure_accuracy(args, counts)
     return results
 
@@ -307,19 +311,30 @@ def render(results):
     return "\n\n".join(parts) if parts else None
 
 
-def accuracy_table(results):
-    """A row per process count: the draws' median and worst test error."""
-    section = results["accuracy"]
-    params = section["params"]
+def _accuracy_rows(section, label="{}"):
+    """A row per process count of one run of the accuracy section."""
     rows = []
     for n, run in section["runs"].items():
         errors = [fit["test_error_percent"] for fit in run["fits"]]
         seconds = [fit["fit_seconds"] for fit in run["fits"]]
         by_draw = ", ".join(f"{e:.2f}" for e in errors)
         rows.append(
-            [n, str(len(errors)), h.median_cell(errors), f"{max(errors):.2f}"]
-            + [by_draw, f"{float(np.median(seconds)):.1f}", _warned(run["fits"])]
+            [label.format(n), str(len(errors)), h.median_cell(errors)]
+            + [f"{max(errors):.2f}", by_draw, f"{float(np.median(seconds)):.1f}"]
+            + [_warned(run["fits"])]
         )
+    return rows
+
+
+def accuracy_table(results):
+    """A row per process count: the draws' median and worst test error; then
+    the rows of earlier runs, marked."""
+    section = results["accuracy"]
+    params = section["params"]
+    rows = _accuracy_rows(section)
+    earlier = results.get("earlier_accuracy", [])
+    for run in earlier:
+        rows += _accuracy_rows(run, "{}, earlier run")
     unit = "GPUs" if section["environment"]["device_type"] == "cuda" else "Processes"
     header = [unit, "Draws", "Error % (median)", "Worst", "Error % by draw"]
     header += ["Fit s (median)", "Draws that warned"]
@@ -331,6 +346,13 @@ def accuracy_table(results):
         f"class, label draws 0-{section['draws'] - 1}, "
         f"{section['test_images']:,} test images."
     )
+    if earlier:
+        same = all(run["params"] == params for run in earlier)
+        note += (
+            ' Rows marked "earlier run" are previous runs of the section, '
+            + ("with the same settings" if same else "with other settings")
+            + ", oldest first (their machines and revisions are in the JSON)."
+        )
     return note + "\n\n" + h.rst_table(header, rows)
 
 

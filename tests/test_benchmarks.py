@@ -726,6 +726,47 @@ def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
     assert rows["4"].endswith("not recorded")
 
 
+def test_multi_gpu_accuracy_rerun_keeps_the_earlier_runs_marked(
+    bench, tmp_path, monkeypatch
+):
+    script = bench("bench_multi_gpu")
+
+    def section(errors, max_iter=10):
+        fits = [
+            {"draw": d, "test_error_percent": e, "fit_seconds": 1.0, "warnings": []}
+            for d, e in enumerate(errors)
+        ]
+        return {
+            "environment": {"device_type": "cpu"},
+            "recipe": "fast",
+            "params": {
+                "max_iter": max_iter,
+                "labeled_per_class": 10,
+                "unlabeled_batch_size": 100,
+            },
+            "draws": len(errors),
+            "labels_per_class": 10,
+            "test_images": 100,
+            "runs": {"1": {"fits": fits}, "2": {"fits": fits}},
+        }
+
+    path = tmp_path / "multi_gpu_cpu.json"
+    path.write_text(json.dumps({"accuracy": section([1.0, 89.68])}))
+    fresh = iter([section([1.0, 2.0, 3.0]), section([4.0], max_iter=20)])
+    monkeypatch.setattr(script, "measure_accuracy", lambda args, counts: next(fresh))
+    argv = ["--device=cpu", "--only=accuracy", "--gpus=1,2", f"--json={path}"]
+    results = script.measure(script.parse_args(argv))
+    assert [r["draws"] for r in results["earlier_accuracy"]] == [2]
+    assert results["accuracy"]["draws"] == 3
+    table = script.accuracy_table(results)
+    assert "1.00, 89.68" in table and "2, earlier run" in table
+    assert "with the same settings" in table
+    path.write_text(json.dumps(results))
+    results = script.measure(script.parse_args(argv))
+    assert [r["draws"] for r in results["earlier_accuracy"]] == [2, 3]
+    assert "with other settings" in script.accuracy_table(results)
+
+
 def test_extended_meta_keeps_notes_and_title_and_renews_the_rest(bench):
     import torch
 
