@@ -244,6 +244,33 @@ def test_a_failing_worker_raises_in_the_caller_and_changes_nothing(
     )
 
 
+def test_a_script_that_fits_outside_a_main_guard_is_told_to_add_one(tmp_path):
+    """Its workers import it again and fit at import, which Python refuses:
+    the caller's error says what to change."""
+    script = tmp_path / "fit_unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            from sklearn.datasets import make_blobs
+            from skassoc import SemiSupervisedAssociationClassifier
+
+            X, y = make_blobs(60, centers=2, random_state=0)
+            y[10:] = -1
+            params = {{**{PARAMS!r}, "max_iter": 2}}
+            clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu"] * 2)
+            clf.fit(X, y)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: A worker process of the fit on 2 devices")
+    assert 'outside an `if __name__ == "__main__":` block' in last
+
+
 @pytest.mark.parametrize(
     "devices, match",
     [

@@ -16,6 +16,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import sys
 import tempfile
 import time
 
@@ -180,11 +181,25 @@ def _join(processes, n_devices):
         _stop(processes)
         raise RuntimeError(
             f"A worker process of the fit on {n_devices} devices died ({exc}); "
-            "the estimator is left as it was."
+            f"the estimator is left as it was.{_main_guard_hint()}"
         ) from None
     except BaseException:
         _stop(processes)
         raise
+
+
+def _main_guard_hint():
+    """A hint for a fit started by a script: its workers import it again
+    (the spawn start method), and a script that fits at import starts
+    workers from a worker, which Python refuses (the worker's traceback
+    above the caller's says so, far from the fit's error)."""
+    if getattr(sys.modules.get("__main__"), "__file__", None) is None:
+        return ""  # a notebook or an interpreter: nothing is imported again
+    return (
+        " Each worker imports the calling script again: if the script calls "
+        'fit outside an `if __name__ == "__main__":` block, put it inside '
+        "one (the worker's own error, printed above, then says so)."
+    )
 
 
 def _stop(processes):
