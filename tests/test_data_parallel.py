@@ -266,9 +266,41 @@ def test_a_script_that_fits_outside_a_main_guard_is_told_to_add_one(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0
+    assert "bootstrapping phase" in done.stderr  # the worker's own error
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("RuntimeError: A worker process of the fit on 2 devices")
     assert 'outside an `if __name__ == "__main__":` block' in last
+
+
+@pytest.mark.parametrize(
+    "exit_code, signal, started, main, hinted",
+    [
+        (1, None, False, ("script", "/x/fit.py"), True),
+        (1, None, False, ("tool", "/x/tool.py"), True),  # python -m tool
+        (-9, "SIGKILL", False, ("script", "/x/fit.py"), False),  # killed
+        (1, None, True, ("script", "/x/fit.py"), False),  # died fitting
+        (1, None, False, ("pytest.__main__", "/x/__main__.py"), False),
+        (1, None, False, (None, None), False),  # a notebook
+    ],
+)
+def test_the_main_guard_hint_is_given_only_for_a_failed_start_of_a_script(
+    monkeypatch, exit_code, signal, started, main, hinted
+):
+    from types import ModuleType, SimpleNamespace
+
+    from skassoc._engine import _spawn
+
+    name, path = main
+    module = ModuleType("__main__")
+    module.__spec__ = None if name in (None, "script") else SimpleNamespace(name=name)
+    if path is not None:
+        module.__file__ = path
+    monkeypatch.setitem(sys.modules, "__main__", module)
+    exc = torch.multiprocessing.ProcessExitedException(
+        "process 0 ended", 0, 123, exit_code, signal
+    )
+    hint = _spawn._main_guard_hint(exc, started)
+    assert ("__name__" in hint) is hinted
 
 
 @pytest.mark.parametrize(

@@ -151,7 +151,7 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
         processes = mp.start_processes(
             _worker, args=args, nprocs=len(devices), join=False, start_method="spawn"
         )
-        _join(processes, len(devices))
+        _join(processes, folder)
         outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
     fitted = outcomes[0][0]
     errors = [error for _, error in outcomes if error is not None]
@@ -159,8 +159,9 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
     return fitted, (original or errors or [None])[0]
 
 
-def _join(processes, n_devices):
+def _join(processes, folder):
     """Wait for the workers; on a Ctrl-C, let them keep their models first."""
+    n_devices = len(processes.processes)
     try:
         while not processes.join():
             pass
@@ -179,27 +180,48 @@ def _join(processes, n_devices):
         ) from None
     except mp.ProcessExitedException as exc:
         _stop(processes)
+        started = os.path.exists(_started_path(folder, exc.error_index))
         raise RuntimeError(
             f"A worker process of the fit on {n_devices} devices died ({exc}); "
-            f"the estimator is left as it was.{_main_guard_hint()}"
+            f"the estimator is left as it was.{_main_guard_hint(exc, started)}"
         ) from None
     except BaseException:
         _stop(processes)
         raise
 
 
-def _main_guard_hint():
-    """A hint for a fit started by a script: its workers import it again
-    (the spawn start method), and a script that fits at import starts
-    workers from a worker, which Python refuses (the worker's traceback
-    above the caller's says so, far from the fit's error)."""
-    if getattr(sys.modules.get("__main__"), "__file__", None) is None:
-        return ""  # a notebook or an interpreter: nothing is imported again
+def _main_guard_hint(exc, started):
+    """A hint for a worker that exited with an error before it started its
+    fit, while importing the caller's main module again (as the spawn start
+    method does for a script): a script that fits at import makes the
+    worker start workers of its own, which Python refuses with an error
+    printed above the caller's."""
+    if exc.signal_name is not None or exc.exit_code != 1 or started:
+        return ""
+    if not _main_imported_again():
+        return ""
     return (
-        " Each worker imports the calling script again: if the script calls "
-        'fit outside an `if __name__ == "__main__":` block, put it inside '
-        "one (the worker's own error, printed above, then says so)."
+        " It ended while importing the calling script again, as each worker "
+        "does: if the script calls fit outside an "
+        '`if __name__ == "__main__":` block, put it inside one (the '
+        "worker's own error, printed above, says so)."
     )
+
+
+def _main_imported_again():
+    """Whether spawned processes import the main module again: Python's rule
+    (``multiprocessing.spawn.get_preparation_data``): by its name unless it
+    is a package's ``__main__``, else by its file; a notebook or an
+    interactive interpreter has neither."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return not (name == "__main__" or name.endswith(".__main__"))
+    return getattr(main, "__file__", None) is not None
+
+
+def _started_path(folder, rank):
+    return os.path.join(folder, f"started{rank}")
 
 
 def _stop(processes):
@@ -231,6 +253,9 @@ def _outcome(folder, rank):
 
 def _worker(rank, estimator, devices, backend, folder, shared):
     """One process of the group: fit, then write the outcome."""
+    # The caller reads this to tell a failed start (the main module imported
+    # again) from a death during the fit.
+    open(_started_path(folder, rank), "w").close()
     device = torch.device(devices[rank])
     if device.type == "cuda":
         torch.cuda.set_device(device)
