@@ -22,7 +22,8 @@ step's batch). Two sections (``--only SECTION``; the JSON keeps the other):
     ``--accuracy-recipe`` on one GPU and on the most GPUs of ``--gpus``: the
     same global batch and steps, so the errors should agree within the
     spread of the draws. Rendered under a rubric of its own, after the
-    throughput table.
+    throughput table. A rerun keeps the runs before it (``earlier_accuracy``)
+    as rows marked "earlier run".
 """
 
 import os
@@ -311,7 +312,7 @@ def render(results):
     return "\n\n".join(parts) if parts else None
 
 
-def _accuracy_rows(section, label="{}"):
+def _accuracy_rows(section, suffix=""):
     """A row per process count of one run of the accuracy section."""
     rows = []
     for n, run in section["runs"].items():
@@ -319,22 +320,26 @@ def _accuracy_rows(section, label="{}"):
         seconds = [fit["fit_seconds"] for fit in run["fits"]]
         by_draw = ", ".join(f"{e:.2f}" for e in errors)
         rows.append(
-            [label.format(n), str(len(errors)), h.median_cell(errors)]
+            [n + suffix, str(len(errors)), h.median_cell(errors)]
             + [f"{max(errors):.2f}", by_draw, f"{float(np.median(seconds)):.1f}"]
             + [_warned(run["fits"])]
         )
     return rows
 
 
+#: What an accuracy run's rows depend on besides its draws and machine.
+SETTINGS = ("recipe", "params", "labels_per_class", "train_images", "test_images")
+
+
 def accuracy_table(results):
     """A row per process count: the draws' median and worst test error; then
-    the rows of earlier runs, marked."""
+    the rows of earlier runs, numbered from the oldest."""
     section = results["accuracy"]
     params = section["params"]
     rows = _accuracy_rows(section)
     earlier = results.get("earlier_accuracy", [])
-    for run in earlier:
-        rows += _accuracy_rows(run, "{}, earlier run")
+    for number, run in enumerate(earlier, 1):
+        rows += _accuracy_rows(run, f", earlier run {number}")
     unit = "GPUs" if section["environment"]["device_type"] == "cuda" else "Processes"
     header = [unit, "Draws", "Error % (median)", "Worst", "Error % by draw"]
     header += ["Fit s (median)", "Draws that warned"]
@@ -347,11 +352,14 @@ def accuracy_table(results):
         f"{section['test_images']:,} test images."
     )
     if earlier:
-        same = all(run["params"] == params for run in earlier)
+        same = all(
+            run.get(key) == section.get(key) for run in earlier for key in SETTINGS
+        )
         note += (
             ' Rows marked "earlier run" are previous runs of the section, '
             + ("with the same settings" if same else "with other settings")
-            + ", oldest first (their machines and revisions are in the JSON)."
+            + ", numbered from the oldest (their machines and revisions are in "
+            "the JSON)."
         )
     return note + "\n\n" + h.rst_table(header, rows)
 

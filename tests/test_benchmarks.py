@@ -759,12 +759,70 @@ def test_multi_gpu_accuracy_rerun_keeps_the_earlier_runs_marked(
     assert [r["draws"] for r in results["earlier_accuracy"]] == [2]
     assert results["accuracy"]["draws"] == 3
     table = script.accuracy_table(results)
-    assert "1.00, 89.68" in table and "2, earlier run" in table
+    assert "1.00, 89.68" in table and "2, earlier run 1" in table
     assert "with the same settings" in table
     path.write_text(json.dumps(results))
     results = script.measure(script.parse_args(argv))
     assert [r["draws"] for r in results["earlier_accuracy"]] == [2, 3]
+    table = script.accuracy_table(results)
+    assert "with other settings" in table and "1, earlier run 2" in table
+    # Settings outside the parameters count too (--eval-subset's test images).
+    results["earlier_accuracy"] = [section([1.0])]
+    results["accuracy"] = section([4.0])
+    assert "with the same settings" in script.accuracy_table(results)
+    results["accuracy"]["test_images"] = 50
     assert "with other settings" in script.accuracy_table(results)
+
+
+def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
+    bench, tmp_path, monkeypatch
+):
+    script = bench("bench_label_suggestions")
+
+    class InProcess:  # the pool, without processes (the fakes below stay)
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, work, jobs):
+            return map(work, jobs)
+
+    def noise(job):
+        name, draw = job
+        change = 0.01 * (draw + 1)
+        record = {"dataset": name, "labels": 5, "draw": draw, "seconds": 1.0}
+        return record | {"accuracies": [0.9, 0.9 + change]}
+
+    run = {"dataset": "wine", "labels": 5, "draw": 0, "accuracy": 0.9}
+    run["refits"] = {
+        s: {"accuracy": 0.9 + g, "picked_classes": 2}
+        for s, g in [("association", 0.03), ("random", 0.01)]
+    }
+    meta = {"device": "the strategies' machine", "commands": ["first"]}
+    path = tmp_path / "label_suggestions_cpu.json"
+    path.write_text(json.dumps({"runs": {"wine/0": run}, "meta": meta}))
+    monkeypatch.setattr(script.concurrent.futures, "ProcessPoolExecutor", InProcess)
+    monkeypatch.setattr(script, "run_seed_noise", noise)
+    monkeypatch.setattr(script, "_first_level", lambda name: 5)
+    argv = ["--seed-noise", "--draws=3", "--only", "wine", "breast-cancer"]
+    script.main([*argv, f"--json={path}"])
+    results = json.loads(path.read_text())
+    assert results["meta"] == meta  # the strategies' runs keep their machine
+    section = results["seed_noise"]
+    assert len(section["runs"]) == 6 and section["environment"]["device_type"] == "cpu"
+    rows = {row[0]: row for row in script.seed_noise_rows(results)}
+    # Changes of 1, 2 and 3 points: median 2, largest 3; the paired
+    # difference (3 - 1 points) where the first table has the set.
+    assert rows["wine"] == ["wine", "3", "2.0", "3.0", "2.0"]
+    assert rows["breast-cancer"][-1] == "not measured"
+    table = path.with_suffix(".rst").read_text()
+    assert ".. rubric:: The same labels, another seed" in table
+    assert "--seed-noise --draws=3" in table and "``first``" in table
 
 
 def test_extended_meta_keeps_notes_and_title_and_renews_the_rest(bench):
