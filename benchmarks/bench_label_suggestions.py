@@ -16,6 +16,11 @@ already there are kept and skipped) and the table to
     python benchmarks/bench_label_suggestions.py --draws 10 --jobs 2 \\
         --only wine breast-cancer winequality-red digits semeion
     python benchmarks/bench_label_suggestions.py --render-only
+
+With ``--seed-noise`` each draw is fitted twice instead, with the same
+labels and seeds ``d`` and ``d + 1000``: how far a refit moves without any
+new label, the noise the strategies' gains are read against (a second
+table, for the sets measured).
 """
 
 import argparse
@@ -30,6 +35,9 @@ import bench_defaults as suite
 import numpy as np
 
 STRATEGIES = ("association", "random")
+COMMAND = "python benchmarks/bench_label_suggestions.py"
+#: The seed of ``--seed-noise``'s second fit of draw ``d``: ``d`` plus this.
+SEED_OFFSET = 1000
 
 
 def pick(strategy, clf, X, y_semi, n, draw):
@@ -57,19 +65,53 @@ def _first_level(name):
     return levels[0] if levels else None
 
 
-def run_draw(job):
-    """The first fit of one draw and a refit per strategy; its JSON record."""
-    import torch
-    from threadpoolctl import threadpool_limits
+#: Thread pools held to one thread in each process of --jobs, which share
+#: the machine's cores: set in the environment before the processes start,
+#: so that every library (torch, k-means's OpenMP, BLAS) starts with one.
+ONE_THREAD = {
+    name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+}
 
-    # One thread a process for torch and for k-means's OpenMP alike: --jobs
-    # processes share the machine's cores.
-    torch.set_num_threads(1)
-    threadpool_limits(1)
-    name, draw = job
+
+def _pool(jobs):
+    """``jobs`` spawned processes of one thread each."""
+    import os
+
+    os.environ.update(ONE_THREAD)
+    context = multiprocessing.get_context("spawn")
+    return concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context)
+
+
+def _draw_data(name, draw):
+    """``X, X_test, y, y_test, y_semi, labels`` of draw ``draw`` of ``name``
+    (``labels``: labels a class)."""
     X, X_test, y, y_test = suite.load(name, "cpu")
     labels = suite.possible_labels(name, y)[0]  # main kept sets that have one
-    y_semi = suite.draw_labels(y, labels, draw)
+    return X, X_test, y, y_test, suite.draw_labels(y, labels, draw), labels
+
+
+def run_seed_noise(job):
+    """Two fits of one draw with the same labels and two seeds; its record."""
+    name, draw = job
+    X, X_test, y, y_test, y_semi, labels = _draw_data(name, draw)
+    start = time.perf_counter()
+    accuracies = [
+        float(fit_default(X, y_semi, seed).score(X_test, y_test))
+        for seed in (draw, draw + SEED_OFFSET)
+    ]
+    return {
+        "dataset": name,
+        "labels": labels,
+        "draw": draw,
+        "accuracies": accuracies,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def run_draw(job):
+    """The first fit of one draw and a refit per strategy; its JSON record."""
+    name, draw = job
+    X, X_test, y, y_test, y_semi, labels = _draw_data(name, draw)
     n_more = len(np.unique(y))
     start = time.perf_counter()
     clf = fit_default(X, y_semi, draw)
@@ -95,6 +137,12 @@ def run_draw(job):
 
 
 def _progress(run):
+    if "accuracies" in run:
+        first, second = (f"{100 * a:.1f} %" for a in run["accuracies"])
+        return (
+            f"{run['dataset']} draw {run['draw']}: {first}, another seed "
+            f"{second} ({run['seconds']} s)"
+        )
     gains = " ".join(
         f"{s} {100 * (r['accuracy'] - run['accuracy']):+.1f}"
         for s, r in run["refits"].items()
@@ -105,19 +153,34 @@ def _progress(run):
     )
 
 
+def _gains(runs):
+    """Each strategy's gains in points over the first fit, run by run."""
+    return {
+        s: [100 * (r["refits"][s]["accuracy"] - r["accuracy"]) for r in runs]
+        for s in STRATEGIES
+    }
+
+
+def _paired(runs):
+    """Per run: the suggested refit's gain less the random one's, in points."""
+    gains = _gains(runs)
+    return [a - b for a, b in zip(gains["association"], gains["random"])]
+
+
+def _datasets(runs):
+    """The data sets of ``runs``, in the suite's order."""
+    return [n for n in suite.DATASETS if any(r["dataset"] == n for r in runs)]
+
+
 def summary_rows(runs):
     """Per data set: the median gain of each strategy, the median of the
     paired differences (same draw), how often the suggested labels were
     ahead, level and behind, and how many classes each strategy's picks
     covered (median)."""
     rows = []
-    for name in [n for n in suite.DATASETS if any(r["dataset"] == n for r in runs)]:
+    for name in _datasets(runs):
         mine = [r for r in runs if r["dataset"] == name]
-        gains = {
-            s: [100 * (r["refits"][s]["accuracy"] - r["accuracy"]) for r in mine]
-            for s in STRATEGIES
-        }
-        paired = [a - b for a, b in zip(gains["association"], gains["random"])]
+        gains, paired = _gains(mine), _paired(mine)
         ahead, behind = sum(d > 0 for d in paired), sum(d < 0 for d in paired)
         covered = [
             h.fmt(float(np.median([r["refits"][s]["picked_classes"] for r in mine])), 1)
@@ -138,8 +201,22 @@ def summary_rows(runs):
     return rows
 
 
+def _commands(meta):
+    """The commands of ``meta``, each once (a resumed run repeats its own)."""
+    return " and ".join(f"``{c}``" for c in dict.fromkeys(meta["commands"]))
+
+
 def render(results):
-    runs = list(results["runs"].values())
+    """The strategies' table, then the seed-noise table (each when measured)."""
+    parts = []
+    if results["runs"]:
+        parts.append(strategies_table(results))
+    if results.get("seed_noise", {}).get("runs"):
+        parts.append(seed_noise_table(results))
+    return "\n".join(parts)
+
+
+def strategies_table(results):
     table = h.rst_table(
         [
             "data set",
@@ -152,9 +229,8 @@ def render(results):
             "suggested ahead / level / behind",
             "classes picked: suggested / random",
         ],
-        summary_rows(runs),
+        summary_rows(list(results["runs"].values())),
     )
-    commands = " and ".join(f"``{c}``" for c in results["meta"]["commands"])
     return (
         ".. rubric:: As many more labels as classes: suggested or random?\n\n"
         "The default estimator on sets of the defaults suite, fitted, then "
@@ -164,7 +240,53 @@ def render(results):
         "paired difference is the median over the draws of the suggested "
         "refit's gain less the random one's (same draw, same seed); the last "
         "column gives how many classes a draw's picks covered (median). Made "
-        f"by {commands} on a CPU, one thread a process.\n\n{table}\n"
+        f"by {_commands(results['meta'])} on a CPU, one thread a process.\n\n"
+        f"{table}\n"
+    )
+
+
+def seed_noise_rows(results):
+    """Per data set of ``--seed-noise``: how far the second seed's fit lands
+    from the first (median and largest, in points); beside it, the median
+    size of the first table's per-draw differences between the strategies,
+    and how many seed-``d`` fits gave the first table's first-fit accuracy."""
+    noise = list(results["seed_noise"]["runs"].values())
+    runs = list(results["runs"].values())
+    rows = []
+    for name in _datasets(noise):
+        mine = [r for r in noise if r["dataset"] == name]
+        changes = [100 * abs(r["accuracies"][1] - r["accuracies"][0]) for r in mine]
+        first = {r["draw"]: r["accuracy"] for r in runs if r["dataset"] == name}
+        both = [r for r in mine if r["draw"] in first]
+        paired = _paired([r for r in runs if r["dataset"] == name])
+        rows.append(
+            [name, str(len(mine))]
+            + [h.fmt(float(np.median(changes)), 1), h.fmt(max(changes), 1)]
+            + [h.fmt(float(np.median(np.abs(paired))), 1) if paired else "none"]
+            + [
+                f"{sum(r['accuracies'][0] == first[r['draw']] for r in both)}"
+                f" / {len(both)}"
+            ]
+        )
+    return rows
+
+
+def seed_noise_table(results):
+    header = ["data set", "draws", "change: median", "change: largest"]
+    header += ["first table: suggested less random, median size"]
+    header += ["first fit reproduced"]
+    return (
+        "\n.. rubric:: Defaults suite: the same labels, another seed\n\n"
+        "How far a fit moves when only its seed changes: each draw fitted with "
+        f"the same labels and seeds d and d + {SEED_OFFSET}, the change of test "
+        "accuracy in points (its size). Beside it, the median size of the "
+        "first table's per-draw difference between the suggested and the "
+        "random refit, and how many of the seed-d fits gave the first "
+        "table's first-fit accuracy exactly (the two tables' fits may come "
+        "from different machines and PyTorch builds, which round "
+        "differently; the JSON records both). Made by "
+        f"{_commands(results['seed_noise']['meta'])} on a CPU, one thread a "
+        f"process.\n\n{h.rst_table(header, seed_noise_rows(results))}\n"
     )
 
 
@@ -178,33 +300,45 @@ def main(argv=None):
     )
     parser.add_argument("--table", default=None, help="default: the JSON's .rst")
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument(
+        "--seed-noise",
+        action="store_true",
+        help="fit each draw with two seeds and the same labels instead",
+    )
     args = parser.parse_args(argv)
     results = h.load_json(args.json) if h.Path(args.json).exists() else {"runs": {}}
     if not args.render_only:
-        import torch
-
-        done = results["runs"]
-        names = [n for n in args.only or suite.DATASETS if _first_level(n)]
-        jobs = [
-            (n, d) for n in names for d in range(args.draws) if f"{n}/{d}" not in done
-        ]
-        command = " ".join(
-            ["python benchmarks/bench_label_suggestions.py", *sys.argv[1:]]
-        )
-        commands = results.get("meta", {}).get("commands", [])
-        environment = h.environment(torch.device("cpu"))
-        results["meta"] = {**environment, "commands": [*commands, command]}
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(
-            args.jobs, mp_context=context
-        ) as pool:
-            for run in pool.map(run_draw, jobs):
-                done[f"{run['dataset']}/{run['draw']}"] = run
-                print(_progress(run), flush=True)
-                h.write_json(args.json, results)  # after each: a run resumes
+        given = sys.argv[1:] if argv is None else argv
+        _measure(args, results, " ".join([COMMAND, *given]))
     table = render(results)
     h.write_text(args.table or h.Path(args.json).with_suffix(".rst"), table)
     print(table)
+
+
+def _measure(args, results, command):
+    """The runs asked for and missing from ``results``, written as they end.
+
+    The seed-noise fits keep their own ``meta`` (machine and commands) in
+    their section: the strategies' runs may come from another machine.
+    """
+    import torch
+
+    section = results
+    if args.seed_noise:
+        section = results.setdefault("seed_noise", {"runs": {}})
+    done = section["runs"]
+    names = [n for n in args.only or suite.DATASETS if _first_level(n)]
+    jobs = [(n, d) for n in names for d in range(args.draws) if f"{n}/{d}" not in done]
+    if not jobs:
+        return  # nothing run: the file's machines and commands stay
+    meta = h.extended_meta(section.get("meta", {}), torch.device("cpu"), command)
+    section["meta"] = meta
+    work = run_seed_noise if args.seed_noise else run_draw
+    with _pool(args.jobs) as pool:
+        for run in pool.map(work, jobs):
+            done[f"{run['dataset']}/{run['draw']}"] = run
+            print(_progress(run), flush=True)
+            h.write_json(args.json, results)  # after each: a run resumes
 
 
 if __name__ == "__main__":

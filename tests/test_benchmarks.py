@@ -780,9 +780,6 @@ def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
     script = bench("bench_label_suggestions")
 
     class InProcess:  # the pool, without processes (the fakes below stay)
-        def __init__(self, *args, **kwargs):
-            pass
-
         def __enter__(self):
             return self
 
@@ -792,37 +789,65 @@ def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
         def map(self, work, jobs):
             return map(work, jobs)
 
-    def noise(job):
-        name, draw = job
-        change = 0.01 * (draw + 1)
-        record = {"dataset": name, "labels": 5, "draw": draw, "seconds": 1.0}
-        return record | {"accuracies": [0.9, 0.9 + change]}
+    fits = []
+
+    class Fitted:
+        def __init__(self, seed):
+            self.seed = seed
+
+        def score(self, X, y):
+            return 0.9 + 0.01 * (self.seed // 1000) * (self.seed % 1000 + 1)
+
+    def fit_default(X, y_semi, seed):
+        fits.append((y_semi.tolist(), seed))
+        return Fitted(seed)
+
+    def draw_data(name, draw):
+        y_semi = np.array([draw, -1, -1])
+        return None, None, None, None, y_semi, 5
 
     run = {"dataset": "wine", "labels": 5, "draw": 0, "accuracy": 0.9}
     run["refits"] = {
         s: {"accuracy": 0.9 + g, "picked_classes": 2}
         for s, g in [("association", 0.03), ("random", 0.01)]
     }
-    meta = {"device": "the strategies' machine", "commands": ["first"]}
+    meta = {"device": "the strategies' machine", "commands": ["first", "first"]}
     path = tmp_path / "label_suggestions_cpu.json"
     path.write_text(json.dumps({"runs": {"wine/0": run}, "meta": meta}))
-    monkeypatch.setattr(script.concurrent.futures, "ProcessPoolExecutor", InProcess)
-    monkeypatch.setattr(script, "run_seed_noise", noise)
+    monkeypatch.setattr(script, "_pool", lambda jobs: InProcess())
+    monkeypatch.setattr(script, "fit_default", fit_default)
+    monkeypatch.setattr(script, "_draw_data", draw_data)
     monkeypatch.setattr(script, "_first_level", lambda name: 5)
     argv = ["--seed-noise", "--draws=3", "--only", "wine", "breast-cancer"]
     script.main([*argv, f"--json={path}"])
+    # Each draw: its own labels, fitted with seeds d and d + 1000.
+    assert fits[:2] == [([0, -1, -1], 0), ([0, -1, -1], 1000)]
+    assert fits[4:6] == [([2, -1, -1], 2), ([2, -1, -1], 1002)]
     results = json.loads(path.read_text())
     assert results["meta"] == meta  # the strategies' runs keep their machine
     section = results["seed_noise"]
-    assert len(section["runs"]) == 6 and section["environment"]["device_type"] == "cpu"
+    assert len(section["runs"]) == 6
+    assert section["meta"]["device_type"] == "cpu"
+    command = " ".join([script.COMMAND, *argv, f"--json={path}"])
+    assert section["meta"]["commands"] == [command]  # the argv given
     rows = {row[0]: row for row in script.seed_noise_rows(results)}
-    # Changes of 1, 2 and 3 points: median 2, largest 3; the paired
-    # difference (3 - 1 points) where the first table has the set.
-    assert rows["wine"] == ["wine", "3", "2.0", "3.0", "2.0"]
-    assert rows["breast-cancer"][-1] == "not measured"
+    # Changes of 1, 2 and 3 points: median 2, largest 3; the strategies'
+    # difference (3 - 1 points) where the first table has the set, and the
+    # seed-0 fit's accuracy is the first table's first fit's.
+    assert rows["wine"] == ["wine", "3", "2.0", "3.0", "2.0", "1 / 1"]
+    assert rows["breast-cancer"][-2:] == ["none", "0 / 0"]
     table = path.with_suffix(".rst").read_text()
-    assert ".. rubric:: The same labels, another seed" in table
-    assert "--seed-noise --draws=3" in table and "``first``" in table
+    assert "the same labels, another seed" in table
+    assert "``first`` on a CPU" in table  # a repeated command, once
+    script.main([*argv, f"--json={path}"])  # nothing left to run
+    assert json.loads(path.read_text()) == results
+
+    # A file of seed-noise fits alone renders their table alone.
+    del results["runs"], results["meta"]
+    path.write_text(json.dumps(results | {"runs": {}}))
+    script.main(["--render-only", f"--json={path}"])
+    table = path.with_suffix(".rst").read_text()
+    assert table.lstrip().startswith(".. rubric:: Defaults suite: the same labels")
 
 
 def test_extended_meta_keeps_notes_and_title_and_renews_the_rest(bench):
