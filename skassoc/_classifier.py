@@ -36,7 +36,7 @@ from ._engine._device import (
 from ._engine._loop import NonFiniteLossError, non_finite_message
 from ._engine._optim import load_torch_dynamo
 from ._engine._runner import agreed_seed, training_group
-from ._engine._spawn import fit_on_devices, resolve_devices
+from ._engine._spawn import fit_on_devices, resolve_devices, warn_again
 from ._engine._step import embedding_chunk_size
 from ._fit import (
     continued_run,
@@ -760,10 +760,13 @@ class SemiSupervisedAssociationClassifier(
     def _fit_on_devices(self, devices, X, y, X_val, y_val, sample_weight):
         """Fit data-parallel in a process per device; take process 0's state."""
         fit_params = {"X_val": X_val, "y_val": y_val, "sample_weight": sample_weight}
-        fitted, error = fit_on_devices(self, devices, X, y, fit_params)
-        if fitted is not None and is_fitted(fitted):
+        state, error, warned = fit_on_devices(self, devices, X, y, fit_params)
+        if state is not None:
             # The new model, or (when the fit failed early) the one it had.
-            set_fitted_state(self, get_fitted_state(fitted))
+            set_fitted_state(self, state)
+        # After the state, as one process warns: a warning made an error
+        # leaves the fitted model in place.
+        warn_again(warned)
         if error is not None:
             raise error
         return self

@@ -8,7 +8,9 @@ the gradients. The test compares them with one process on the whole batch.
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from sklearn.datasets import make_blobs
 
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._engine._loop import NonFiniteLossError
+from skassoc.callbacks import Callback
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is missing"
@@ -303,12 +306,131 @@ def test_the_main_guard_hint_is_given_only_for_a_failed_start_of_a_script(
     assert ("__name__" in hint) is hinted
 
 
+class FailsInProcessOne(torch.nn.Module):
+    """A network whose training passes fail in process 1 from the third on,
+    as a GPU out of memory in one process would."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(5, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training and torch.distributed.get_rank() == 1:
+            self.calls += 1
+            if self.calls >= 3:
+                raise torch.OutOfMemoryError("out of memory in process 1")
+        return self.net(x)
+
+
+def test_the_error_of_the_process_that_failed_first_reaches_the_caller(
+    blobs_for_workers,
+):
+    """Not process 0's failed collective (its peer left), which says less."""
+    X, y = blobs_for_workers
+    params = {**PARAMS, "network": FailsInProcessOne(), "max_iter": 30}
+    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory in process 1"):
+        clf.fit(X, y)
+
+
+class KeepsItsRun(Callback):
+    """A callback that cannot be pickled once fitted (it keeps the run)."""
+
+    def on_log(self, run):
+        self.run = run
+
+
+def test_process_zeros_warnings_and_state_come_back_whatever_its_callbacks(
+    blobs_for_workers,
+):
+    X, y = blobs_for_workers
+    y = y.copy()
+    y[y == -1] = 0  # every sample labeled: fit warns that none is unlabeled
+    params = {**PARAMS, "max_iter": 10}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        one = SemiSupervisedAssociationClassifier(**params).fit(X, y)
+    clf = SemiSupervisedAssociationClassifier(
+        **params, callbacks=[KeepsItsRun()], devices=["cpu", "cpu"]
+    )
+    with warnings.catch_warnings(record=True) as spread:
+        warnings.simplefilter("always")
+        clf.fit(X, y)
+    assert clf.n_iter_ == one.n_iter_ == 10
+    # The caller sees the warnings of one process, once, pointed at itself.
+    expected = sorted((w.category, str(w.message)) for w in caught)
+    assert expected and sorted((w.category, str(w.message)) for w in spread) == expected
+    assert {w.filename for w in spread} == {__file__}
+
+
+@pytest.mark.parametrize("kind", ["copy-on-write", "unnamed file", "deleted file"])
+def test_memory_maps_the_workers_cannot_reopen_are_sent_as_arrays(tmp_path, kind):
+    from skassoc._engine._spawn import _shared, _unshared
+
+    path = tmp_path / "X.npy"
+    np.save(path, np.arange(12.0).reshape(4, 3))
+    if kind == "copy-on-write":
+        X = np.load(path, mmap_mode="c")
+        X += 100  # in this process only: the file keeps 0..11
+    elif kind == "unnamed file":
+        X = np.memmap(tempfile.TemporaryFile(), dtype=float, shape=(4, 3), mode="w+")
+        X[:] = 7.0
+    else:
+        X = np.load(path, mmap_mode="r")
+        path.unlink()
+    entry = _shared(X)
+    assert entry[0] == "shared"
+    np.testing.assert_array_equal(_unshared(entry), X)
+
+
+def test_a_read_only_memory_map_is_sent_by_its_file(tmp_path):
+    from skassoc._engine._spawn import _shared
+
+    np.save(tmp_path / "X.npy", np.arange(12.0).reshape(4, 3))
+    assert _shared(np.load(tmp_path / "X.npy", mmap_mode="r"))[0] == "memmap"
+
+
+def test_a_daemonic_process_is_told_it_cannot_start_workers(
+    blobs_for_workers, monkeypatch
+):
+    import multiprocessing
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(
+        multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True)
+    )
+    X, y = blobs_for_workers
+    clf = SemiSupervisedAssociationClassifier(**PARAMS, devices=["cpu", "cpu"])
+    with pytest.raises(RuntimeError, match="a daemonic process"):
+        clf.fit(X, y)
+    assert not hasattr(clf, "model_")
+
+
+def test_the_first_error_caught_is_the_one_raised():
+    from skassoc._engine._spawn import Outcome, _original_error
+
+    late, early, told = OSError("late"), ValueError("early"), RuntimeError("peer")
+    told.from_another_process = True
+    outcomes = [
+        Outcome(None, late, 2.0),
+        Outcome(None, None),
+        Outcome(None, told, 0.5),
+        Outcome(None, early, 1.0),
+        Outcome(None, RuntimeError("ended without its result")),  # no time
+    ]
+    assert _original_error(outcomes) is early
+    assert _original_error(outcomes[1:3]) is told  # nothing better to raise
+    assert _original_error(outcomes[1:2]) is None
+
+
 @pytest.mark.parametrize(
     "devices, match",
     [
         (["cpu", "mps"], "MPS backend is not available|GPUs only or CPUs only"),
         (["tpu"], "not a device torch knows"),
         ([99], "CUDA"),
+        ([], "devices is empty"),
     ],
 )
 def test_bad_devices_are_refused_before_any_process_starts(

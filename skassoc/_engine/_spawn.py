@@ -12,6 +12,8 @@ model of the steps completed, as in one process). Numeric arrays travel in
 shared memory, a whole memory map by its file name, anything else pickled.
 """
 
+import inspect
+import math
 import mmap
 import multiprocessing
 import os
@@ -19,16 +21,24 @@ import pickle
 import sys
 import tempfile
 import time
+import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .._fitted import get_fitted_state, is_fitted
 from .._io._atomic import write_atomically
+from .._utils import user_stacklevel
 from ._device import resolve_device
 
-__all__ = ["resolve_devices", "fit_on_devices"]
+__all__ = ["resolve_devices", "fit_on_devices", "warn_again"]
+
+# Where a worker's warnings point that skassoc pointed at its caller: the
+# entry of torch's spawned processes.
+_WORKER_ENTRY = os.path.abspath(inspect.getfile(mp.start_processes))
 
 # After a Ctrl-C, the workers finish their step and keep their model: they
 # get this long before they are stopped.
@@ -52,6 +62,11 @@ def resolve_devices(devices):
                 "Leave devices=None, or list CPU devices (devices=['cpu', 'cpu'])."
             )
         return [torch.device("cuda", k) for k in range(count)]
+    if len(devices) == 0:
+        raise ValueError(
+            "devices is empty: list the devices to train on (devices=[0, 1], "
+            "'all'), or leave devices=None to train in this process."
+        )
     resolved = [_device_of(device) for device in devices]
     types = {device.type for device in resolved}
     if len(types) != 1 or types - {"cpu", "cuda"}:
@@ -82,10 +97,16 @@ def _shared(value):
         isinstance(value, np.memmap)
         and isinstance(value.base, mmap.mmap)
         and value.flags.c_contiguous
+        # A copy-on-write map ("c") holds changes the file lacks, and a map
+        # of an unnamed or deleted file has no file to open: sent as arrays.
+        and value.mode != "c"
+        and isinstance(value.filename, (str, os.PathLike))
+        and os.path.isfile(value.filename)
     ):
         # The memory map as opened (not a slice or a view of one, which would
         # need its own offset): each worker opens the file itself.
-        return ("memmap", value.filename, value.dtype.str, value.shape, value.offset)
+        filename = os.fspath(value.filename)
+        return ("memmap", filename, value.dtype.str, value.shape, value.offset)
     if (
         isinstance(value, np.ndarray)
         and value.dtype.kind in "biuf"
@@ -113,7 +134,16 @@ def _unshared(entry):
 
 def _check_start_method():
     """Refuse to start workers from inside a loky worker (a search's
-    ``n_jobs``): its processes cannot spawn processes of their own."""
+    ``n_jobs``) or a daemonic process (a ``multiprocessing.Pool``'s): such
+    processes cannot spawn processes of their own."""
+    if multiprocessing.current_process().daemon:
+        raise RuntimeError(
+            "devices=[...] starts processes of its own, which a daemonic "
+            "process (a multiprocessing.Pool worker, joblib's "
+            "'multiprocessing' backend) cannot do. Fit in the main process, "
+            "or under joblib's Dask backend with a worker per GPU and "
+            "devices=None."
+        )
     if multiprocessing.get_start_method(allow_none=True) == "loky":
         raise RuntimeError(
             "devices=[...] starts processes of its own, which a loky worker "
@@ -123,16 +153,33 @@ def _check_start_method():
         )
 
 
+class Outcome(NamedTuple):
+    """What a worker process wrote for the caller."""
+
+    #: Process 0's fitted state (None elsewhere, or when it has none).
+    state: object
+    #: What the process raised, or None.
+    error: BaseException | None
+    #: When it caught ``error`` (``time.time()``; None without an error).
+    failed_at: float | None = None
+    #: Process 0's warnings, as ``(message, category, filename, lineno)``.
+    warned: tuple = ()
+
+
 def fit_on_devices(estimator, devices, X, y, fit_params):
     """Fit ``estimator`` data-parallel on ``devices``.
 
     Returns
     -------
-    fitted : SemiSupervisedAssociationClassifier
-        Process 0's estimator (fitted, or as it was if its fit failed).
+    state : FittedState or None
+        Process 0's fitted state (the new model, or the one it had when its
+        fit failed early); None when it has none.
     error : BaseException or None
         What a process raised: the original error (a callback's, a Ctrl-C,
-        a NaN loss), not its peers' "another process raised".
+        a NaN loss, a failure of one process), not its peers' "another
+        process raised" or their failed collectives.
+    warned : tuple
+        Process 0's warnings, for :func:`warn_again` once the state is set.
     """
     _check_start_method()
     backend = "nccl" if devices[0].type == "cuda" else "gloo"
@@ -153,10 +200,33 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
         )
         _join(processes, folder)
         outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
-    fitted = outcomes[0][0]
-    errors = [error for _, error in outcomes if error is not None]
-    original = [e for e in errors if not getattr(e, "from_another_process", False)]
-    return fitted, (original or errors or [None])[0]
+    return outcomes[0].state, _original_error(outcomes), outcomes[0].warned
+
+
+def _original_error(outcomes):
+    """The error that stopped the fit: the first one caught. A process whose
+    peer failed raises too, later (its collective loses the peer, or its
+    callbacks learn of the peer's error), with an error that says less."""
+    failed = [o for o in outcomes if o.error is not None]
+    if not failed:
+        return None
+    original = [
+        o for o in failed if not getattr(o.error, "from_another_process", False)
+    ]
+    # A process that ended without its result has no time: it comes last.
+    first = min(original or failed, key=lambda o: o.failed_at or math.inf)
+    return first.error
+
+
+def warn_again(warned):
+    """Process 0's warnings, warned here under this process's filters: at
+    their own place, or at the caller of ``fit`` for those the worker
+    pointed at its own entry (skassoc's warnings point past skassoc)."""
+    for message, category, filename, lineno in warned:
+        if os.path.abspath(filename) == _WORKER_ENTRY:
+            warnings.warn(message, category, stacklevel=user_stacklevel())
+        else:
+            warnings.warn_explicit(message, category, filename, lineno)
 
 
 def _join(processes, folder):
@@ -233,22 +303,29 @@ def _stop(processes):
 
 
 def _outcome(folder, rank):
-    """What worker ``rank`` wrote: (estimator, error); a missing file (a
+    """What worker ``rank`` wrote (an :class:`Outcome`); a missing file (a
     worker stopped before it could write) counts as a failure."""
     path = os.path.join(folder, f"outcome{rank}.pickle")
     if not os.path.isfile(path):
-        return None, RuntimeError(
-            f"Worker process {rank} of the fit on several devices ended without "
-            "its result; the estimator is left as it was."
+        return Outcome(
+            None,
+            RuntimeError(
+                f"Worker process {rank} of the fit on several devices ended "
+                "without its result; the estimator is left as it was."
+            ),
         )
     with open(path, "rb") as handle:
         # Written by this fit's own worker, in this fit's own folder.
-        worker, error = pickle.load(handle)
+        state, error, failed_at, warned = pickle.load(handle)
     try:
         error = pickle.loads(error)
     except Exception as exc:  # noqa: BLE001 -- a class this process lacks
         error = RuntimeError(f"Worker process {rank} raised an error: {exc!r}")
-    return (pickle.loads(worker) if worker is not None else None), error
+    try:
+        warned = pickle.loads(warned)
+    except Exception:  # noqa: BLE001 -- a warning class this process lacks
+        warned = ()
+    return Outcome(pickle.loads(state), error, failed_at, warned)
 
 
 def _worker(rank, estimator, devices, backend, folder, shared):
@@ -271,27 +348,42 @@ def _worker(rank, estimator, devices, backend, folder, shared):
         rank=rank,
         world_size=len(devices),
     )
-    error = None
-    try:
-        worker.fit(X, y, **params)
-    except BaseException as exc:  # noqa: BLE001 -- written for the caller
-        error = exc
-    finally:
-        dist.destroy_process_group()
-    _write_outcome(folder, rank, worker, error)
+    error = failed_at = None
+    # Recorded (once per place, as Python's default), not printed: process
+    # 0's are warned again in the caller, where its filters apply.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            worker.fit(X, y, **params)
+        except BaseException as exc:  # noqa: BLE001 -- written for the caller
+            error, failed_at = exc, time.time()
+        finally:
+            dist.destroy_process_group()
+    warned = [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+    _write_outcome(folder, rank, worker, Outcome(None, error, failed_at, warned))
     # gloo's threads can abort the interpreter's teardown ("terminate called
     # without an active exception"), which the caller would take for a
     # failure: the outcome is written, so the process ends here.
     os._exit(0)
 
 
-def _write_outcome(folder, rank, worker, error):
-    """Process 0's estimator and every process's error, pickled apart: the
-    caller may lack an error's class (a callback's, from a notebook)."""
+def _write_outcome(folder, rank, worker, outcome):
+    """Process 0's fitted state and warnings, every process's error, each
+    pickled apart: the caller may lack an error's or a warning's class (a
+    callback's, from a notebook). The state alone travels: the estimator's
+    callbacks need not pickle."""
     try:
-        error = pickle.dumps(error)
+        error = pickle.dumps(outcome.error)
     except Exception:  # noqa: BLE001 -- sent as text instead
-        error = pickle.dumps(RuntimeError(repr(error)))
-    payload = pickle.dumps((pickle.dumps(worker) if rank == 0 else None, error))
+        error = pickle.dumps(RuntimeError(repr(outcome.error)))
+    state, warned = None, ()
+    if rank == 0:
+        state = get_fitted_state(worker) if is_fitted(worker) else None
+        warned = outcome.warned
+    try:
+        warned = pickle.dumps(warned)
+    except Exception:  # noqa: BLE001 -- as text, the message kept
+        warned = pickle.dumps([(m, UserWarning, f, n) for m, _, f, n in warned])
+    payload = pickle.dumps((pickle.dumps(state), error, outcome.failed_at, warned))
     path = os.path.join(folder, f"outcome{rank}.pickle")
     write_atomically(path, lambda handle: handle.write(payload), "worker outcomes")
