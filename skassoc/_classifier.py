@@ -35,7 +35,7 @@ from ._engine._device import (
 )
 from ._engine._loop import NonFiniteLossError, non_finite_message
 from ._engine._optim import load_torch_dynamo
-from ._engine._runner import agreed_seed, training_group
+from ._engine._runner import agreed_seed, raise_together, training_group
 from ._engine._spawn import fit_on_devices, resolve_devices, warn_again
 from ._engine._step import embedding_chunk_size
 from ._fit import (
@@ -723,9 +723,15 @@ class SemiSupervisedAssociationClassifier(
         devices = None if self.devices is None else resolve_devices(self.devices)
         if devices is not None and len(devices) > 1:
             return self._fit_on_devices(devices, X, y, X_val, y_val, sample_weight)
-        inputs = validate_training_inputs(self, X, y, sample_weight)
-        validation = self._validation_set(X_val, y_val, inputs)
-        seed = self._fit_seed()
+        group = self._training_group()
+        error = None
+        try:
+            inputs = validate_training_inputs(self, X, y, sample_weight)
+            validation = self._validation_set(X_val, y_val, inputs)
+        except Exception as exc:  # noqa: BLE001 -- raised below, in every process
+            error = exc
+        raise_together(error, group)
+        seed = self._fit_seed(group)
         if self.early_stopping and validation is None:
             inputs, validation = hold_out_validation(
                 inputs, self.validation_fraction, seed
@@ -771,13 +777,16 @@ class SemiSupervisedAssociationClassifier(
             raise error
         return self
 
-    def _fit_seed(self):
+    def _training_group(self):
+        """The process group this fit trains with (None for one process)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return training_group(fit_device(self))
+
+    def _fit_seed(self, group):
         """This fit's seed; in a data-parallel fit, process 0's (every process
         must hold out the same validation samples and draw the same batches)."""
         seed = fit_seed(self.random_state)
-        if not (dist.is_available() and dist.is_initialized()):
-            return seed
-        group = training_group(fit_device(self))
         return seed if group is None else agreed_seed(seed, group)
 
     def _start(self, inputs, seed):

@@ -91,6 +91,12 @@ WORKER = textwrap.dedent(
         SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X[rows], y[rows])
     except ValueError as exc:
         results["other_data"] = str(exc)
+    try:
+        bad = X.copy()
+        bad[0, 0] = np.nan if rank == 1 else bad[0, 0]
+        SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(bad, y)
+    except ValueError as exc:
+        results["bad_input"] = str(exc)
     # The fit of ``fitted`` again, after a failed one: as a torchrun script
     # fits one estimator after another in one group.
     again = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
@@ -204,6 +210,15 @@ def test_processes_given_different_data_are_refused(two_processes):
     _, results = two_processes
     for rank in range(2):
         assert "different training data" in results[rank]["other_data"]
+
+
+def test_input_that_fails_its_checks_in_one_process_stops_every_process(
+    two_processes,
+):
+    """Rather than leave the others waiting for it in their first collective."""
+    _, results = two_processes
+    assert "NaN" in results[1]["bad_input"]
+    assert "the input of processes [1] of the group failed" in results[0]["bad_input"]
 
 
 def test_devices_fits_in_a_process_per_device_like_one_process(

@@ -276,6 +276,31 @@ def agreed_seed(seed, group):
     return shared[0]
 
 
+def raise_together(error, group):
+    """Every process of ``group`` learns whether any failed a check (its
+    ``error``; None when it passed) and raises: its own error, or one that
+    points at the process that failed. Without it a process that raised
+    before the first collective would leave the others waiting for it.
+    """
+    if group is None:
+        if error is not None:
+            raise error
+        return
+    failed = [None] * dist.get_world_size(group)
+    dist.all_gather_object(failed, error is not None, group=group)
+    if error is not None:
+        raise error
+    if any(failed):
+        peers = [rank for rank, flag in enumerate(failed) if flag]
+        error = ValueError(
+            f"This fit stopped before training: the input of processes {peers} "
+            "of the group failed its checks (their error is raised there)."
+        )
+        # devices=[...] raises the original error, not this one.
+        error.from_another_process = True
+        raise error
+
+
 def check_same_everywhere(summary, group, what):
     """Refuse processes whose ``summary`` differs from process 0's.
 

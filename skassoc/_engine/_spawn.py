@@ -272,9 +272,9 @@ def _main_guard_hint(exc, started):
         return ""
     return (
         " It ended while importing the calling script again, as each worker "
-        "does: if the script calls fit outside an "
-        '`if __name__ == "__main__":` block, put it inside one (the '
-        "worker's own error, printed above, says so)."
+        "does, which runs the script's top-level code in it: if the script "
+        'calls fit outside an `if __name__ == "__main__":` block, put it '
+        "inside one. The worker's own error is printed above."
     )
 
 
