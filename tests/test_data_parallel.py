@@ -422,6 +422,49 @@ def test_a_daemonic_process_is_told_it_cannot_start_workers(
     assert not hasattr(clf, "model_")
 
 
+class TouchesWhenTraining(Callback):
+    """Creates ``path`` at its process's first log point."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def on_log(self, run):
+        open(self.path, "a").close()
+
+
+def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
+    blobs_for_workers, tmp_path
+):
+    """As a notebook's interrupt does: the workers never see the terminal's."""
+    import multiprocessing
+    import os
+    import signal
+    import threading
+    import time
+
+    X, y = blobs_for_workers
+    training = tmp_path / "training"
+    params = {
+        **PARAMS,
+        "max_iter": 20_000,
+        "callbacks": [TouchesWhenTraining(training)],
+    }
+    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+
+    def interrupt_once_training():
+        deadline = time.monotonic() + 120
+        while not training.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # this process only
+
+    threading.Thread(target=interrupt_once_training, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt, match="interrupted after"):
+        clf.fit(X, y)
+    assert not multiprocessing.active_children()
+    # The model of the steps completed, as after a Ctrl-C in one process.
+    assert 0 < clf.n_iter_ < params["max_iter"]
+
+
 def test_the_first_error_caught_is_the_one_raised():
     from skassoc._engine._spawn import Outcome, _original_error
 

@@ -18,6 +18,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -198,9 +199,14 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
         processes = mp.start_processes(
             _worker, args=args, nprocs=len(devices), join=False, start_method="spawn"
         )
-        _join(processes, folder)
+        interrupted = _join(processes, folder)
         outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
-    return outcomes[0].state, _original_error(outcomes), outcomes[0].warned
+    error = _original_error(outcomes)
+    if interrupted and not isinstance(error, KeyboardInterrupt):
+        # The caller's Ctrl-C, whatever the workers made of it (they may
+        # have finished, or died starting): a script or a search must stop.
+        error = KeyboardInterrupt()
+    return outcomes[0].state, error, outcomes[0].warned
 
 
 def _original_error(outcomes):
@@ -230,18 +236,20 @@ def warn_again(warned):
 
 
 def _join(processes, folder):
-    """Wait for the workers; on a Ctrl-C, let them keep their models first."""
+    """Wait for the workers; on a Ctrl-C, let them keep their models first.
+
+    Returns
+    -------
+    interrupted : bool
+        Whether this process got a Ctrl-C while it waited.
+    """
     n_devices = len(processes.processes)
     try:
         while not processes.join():
             pass
     except KeyboardInterrupt:
-        # The terminal sent the workers the Ctrl-C too: they stop between
-        # steps and write their models.
-        deadline = time.monotonic() + _INTERRUPT_GRACE_SECONDS
-        for process in processes.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        _stop(processes)
+        _interrupt(processes)
+        return True
     except mp.ProcessRaisedException as exc:
         _stop(processes)
         raise RuntimeError(
@@ -258,6 +266,26 @@ def _join(processes, folder):
     except BaseException:
         _stop(processes)
         raise
+    return False
+
+
+def _interrupt(processes):
+    """Pass a Ctrl-C on to the workers, which stop between steps and write
+    their models, and wait for them (a second Ctrl-C stops them at once).
+
+    A terminal's Ctrl-C reaches the workers too, but a notebook's interrupt
+    or a ``kill -INT`` reaches this process only; a worker's training
+    defers a Ctrl-C to its next step, so one that gets both stops once.
+    """
+    try:
+        for process in processes.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)
+        deadline = time.monotonic() + _INTERRUPT_GRACE_SECONDS
+        for process in processes.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        _stop(processes)
 
 
 def _main_guard_hint(exc, started):
