@@ -771,8 +771,12 @@ class SemiSupervisedAssociationClassifier(
             # The new model, or (when the fit failed early) the one it had.
             set_fitted_state(self, state)
         # After the state, as one process warns: a warning made an error
-        # leaves the fitted model in place.
-        warn_again(warned)
+        # leaves the fitted model in place, and does not hide the fit's error.
+        try:
+            warn_again(warned)
+        except Exception:
+            if error is None:
+                raise
         if error is not None:
             raise error
         return self

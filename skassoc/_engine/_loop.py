@@ -267,16 +267,22 @@ class _Loop:
         # A Ctrl-C inside a step would keep a model, a generator or a sampler
         # one step ahead of the steps counted: it is raised between steps
         # (one handler for the whole loop, none installed per step).
+        # With several processes, each stops at the first log point at which
+        # any has one: a process that stopped a step before the others would
+        # leave them waiting in that step's collectives.
+        alone = runner.world_size == 1
         with sigint_deferred() as received:
             while self.completed < self.config.max_iter and self.live:
-                if received:
+                if received and alone:
                     raise KeyboardInterrupt
                 runner.run(self.step)
                 self.completed += 1
                 if self._is_log_point():
                     self._log()
+                    if not alone and runner.any_process(received)[0]:
+                        raise KeyboardInterrupt
                 optimization.next_rate()
-            if received:
+            if received and alone:
                 raise KeyboardInterrupt
 
     def _is_log_point(self):

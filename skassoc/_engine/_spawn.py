@@ -161,9 +161,11 @@ class Outcome(NamedTuple):
     state: object
     #: What the process raised, or None.
     error: BaseException | None
-    #: When it caught ``error`` (``time.time()``; None without an error).
+    #: When it caught ``error`` (``time.monotonic()``, one clock for every
+    #: process of the host; None without an error).
     failed_at: float | None = None
-    #: Process 0's warnings, as ``(message, category, filename, lineno)``.
+    #: Process 0's warnings, as ``(message, category, filename, lineno,
+    #: module)``.
     warned: tuple = ()
 
 
@@ -205,7 +207,9 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
     if interrupted and not isinstance(error, KeyboardInterrupt):
         # The caller's Ctrl-C, whatever the workers made of it (they may
         # have finished, or died starting): a script or a search must stop.
-        error = KeyboardInterrupt()
+        interrupt = KeyboardInterrupt()
+        interrupt.__context__ = error  # what a worker raised, if anything
+        error = interrupt
     return outcomes[0].state, error, outcomes[0].warned
 
 
@@ -220,19 +224,22 @@ def _original_error(outcomes):
         o for o in failed if not getattr(o.error, "from_another_process", False)
     ]
     # A process that ended without its result has no time: it comes last.
-    first = min(original or failed, key=lambda o: o.failed_at or math.inf)
+    first = min(
+        original or failed,
+        key=lambda o: math.inf if o.failed_at is None else o.failed_at,
+    )
     return first.error
 
 
 def warn_again(warned):
     """Process 0's warnings, warned here under this process's filters: at
-    their own place, or at the caller of ``fit`` for those the worker
-    pointed at its own entry (skassoc's warnings point past skassoc)."""
-    for message, category, filename, lineno in warned:
+    their own place (and module), or at the caller of ``fit`` for those the
+    worker pointed at its own entry (skassoc's warnings point past skassoc)."""
+    for message, category, filename, lineno, module in warned:
         if os.path.abspath(filename) == _WORKER_ENTRY:
             warnings.warn(message, category, stacklevel=user_stacklevel())
         else:
-            warnings.warn_explicit(message, category, filename, lineno)
+            warnings.warn_explicit(message, category, filename, lineno, module)
 
 
 def _join(processes, folder):
@@ -299,8 +306,9 @@ def _main_guard_hint(exc, started):
     if not _main_imported_again():
         return ""
     return (
-        " It ended while importing the calling script again, as each worker "
-        "does, which runs the script's top-level code in it: if the script "
+        " It ended before its fit started, most likely while importing the "
+        "calling script again, as each worker does, which runs the script's "
+        "top-level code in it: if the script "
         'calls fit outside an `if __name__ == "__main__":` block, put it '
         "inside one. The worker's own error is printed above."
     )
@@ -361,6 +369,10 @@ def _worker(rank, estimator, devices, backend, folder, shared):
     # The caller reads this to tell a failed start (the main module imported
     # again) from a death during the fit.
     open(_started_path(folder, rank), "w").close()
+    # Out of the terminal's process group: a Ctrl-C reaches the caller only,
+    # which passes it on once (two, a step apart, would end the fit's
+    # shutdown instead of its training).
+    os.setpgid(0, 0)
     device = torch.device(devices[rank])
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -384,15 +396,33 @@ def _worker(rank, estimator, devices, backend, folder, shared):
         try:
             worker.fit(X, y, **params)
         except BaseException as exc:  # noqa: BLE001 -- written for the caller
-            error, failed_at = exc, time.time()
-        finally:
+            error, failed_at = exc, time.monotonic()
+        # The outcome is written whatever comes now: a late Ctrl-C waits,
+        # and a group its peers left may fail to shut down.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
             dist.destroy_process_group()
-    warned = [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+        except Exception:  # noqa: BLE001, S110 -- the process ends next
+            pass
+    warned = [
+        (str(w.message), w.category, w.filename, w.lineno, _module_of(w.filename))
+        for w in caught
+    ]
     _write_outcome(folder, rank, worker, Outcome(None, error, failed_at, warned))
     # gloo's threads can abort the interpreter's teardown ("terminate called
     # without an active exception"), which the caller would take for a
     # failure: the outcome is written, so the process ends here.
     os._exit(0)
+
+
+def _module_of(filename):
+    """The name of the loaded module of ``filename`` (warning filters match
+    modules by name), or None."""
+    path = os.path.abspath(filename)
+    for name, module in list(sys.modules.items()):
+        if os.path.abspath(getattr(module, "__file__", None) or "") == path:
+            return name
+    return None
 
 
 def _write_outcome(folder, rank, worker, outcome):
@@ -411,7 +441,7 @@ def _write_outcome(folder, rank, worker, outcome):
     try:
         warned = pickle.dumps(warned)
     except Exception:  # noqa: BLE001 -- as text, the message kept
-        warned = pickle.dumps([(m, UserWarning, f, n) for m, _, f, n in warned])
+        warned = pickle.dumps([(m, UserWarning, *place) for m, _, *place in warned])
     payload = pickle.dumps((pickle.dumps(state), error, outcome.failed_at, warned))
     path = os.path.join(folder, f"outcome{rank}.pickle")
     write_atomically(path, lambda handle: handle.write(payload), "worker outcomes")
