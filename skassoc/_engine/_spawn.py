@@ -277,12 +277,13 @@ def _join(processes, folder):
 
 
 def _interrupt(processes):
-    """Pass a Ctrl-C on to the workers, which stop between steps and write
-    their models, and wait for them (a second Ctrl-C stops them at once).
+    """Pass a Ctrl-C on to the workers, which stop at their next log point
+    and write their models, and wait for them (a second Ctrl-C stops them
+    at once).
 
-    A terminal's Ctrl-C reaches the workers too, but a notebook's interrupt
-    or a ``kill -INT`` reaches this process only; a worker's training
-    defers a Ctrl-C to its next step, so one that gets both stops once.
+    The workers have a process group of their own, so that every Ctrl-C (a
+    terminal's, a notebook's interrupt, a ``kill -INT``) reaches this
+    process alone and each worker gets it once, from here.
     """
     try:
         for process in processes.processes:
