@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import warnings
 
 import numpy as np
@@ -347,6 +348,41 @@ def test_the_error_of_the_process_that_failed_first_reaches_the_caller(
     clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
     with pytest.raises(torch.OutOfMemoryError, match="out of memory in process 1"):
         clf.fit(X, y)
+
+
+class FailsOneWaitsZero(torch.nn.Module):
+    """Process 1 fails at its third training pass while process 0 is busy
+    there (not yet in a collective), as a GPU process waits in an NCCL
+    collective: process 0 does not notice its peer left."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(5, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 3 and torch.distributed.get_rank() == 1:
+                raise torch.OutOfMemoryError("out of memory in process 1")
+            if self.calls == 3:
+                time.sleep(60)
+        return self.net(x)
+
+
+def test_peers_of_a_failed_process_are_stopped_after_a_grace(
+    blobs_for_workers, monkeypatch
+):
+    from skassoc._engine import _spawn
+
+    monkeypatch.setattr(_spawn, "_PEER_GRACE_SECONDS", 1)
+    X, y = blobs_for_workers
+    params = {**PARAMS, "network": FailsOneWaitsZero(), "max_iter": 30}
+    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+    start = time.monotonic()
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory in process 1"):
+        clf.fit(X, y)
+    assert time.monotonic() - start < 40  # not the 60 s process 0 waits
 
 
 class KeepsItsRun(Callback):

@@ -41,6 +41,11 @@ __all__ = ["resolve_devices", "fit_on_devices", "warn_again"]
 # entry of torch's spawned processes.
 _WORKER_ENTRY = os.path.abspath(inspect.getfile(mp.start_processes))
 
+# After a worker ended with an error, the others get this long to end too
+# before they are stopped: gloo's notice their peer left at once, NCCL's
+# wait in their collective until its timeout (minutes).
+_PEER_GRACE_SECONDS = 30
+
 # After a Ctrl-C, the workers finish their step and keep their model: they
 # get this long before they are stopped.
 _INTERRUPT_GRACE_SECONDS = 60
@@ -252,8 +257,7 @@ def _join(processes, folder):
     """
     n_devices = len(processes.processes)
     try:
-        while not processes.join():
-            pass
+        _wait(processes, folder)
     except KeyboardInterrupt:
         _interrupt(processes)
         return True
@@ -273,6 +277,33 @@ def _join(processes, folder):
     except BaseException:
         _stop(processes)
         raise
+    return False
+
+
+def _wait(processes, folder):
+    """Until every worker has ended, or one ended with an error and the
+    others had :data:`_PEER_GRACE_SECONDS` to follow (then they are
+    stopped: their outcomes count as missing, the first error is raised)."""
+    deadline = None
+    while not processes.join(timeout=1):
+        if deadline is None and _one_failed(processes, folder):
+            deadline = time.monotonic() + _PEER_GRACE_SECONDS
+        if deadline is not None and time.monotonic() > deadline:
+            _stop(processes)
+            return
+
+
+def _one_failed(processes, folder):
+    """Whether a worker has ended and written an error."""
+    none = pickle.dumps(None)
+    for rank, process in enumerate(processes.processes):
+        path = os.path.join(folder, f"outcome{rank}.pickle")
+        if process.is_alive() or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as handle:
+            # Written by this fit's own worker; the error itself stays bytes.
+            if pickle.load(handle)[1] != none:
+                return True
     return False
 
 
