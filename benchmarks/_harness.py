@@ -152,6 +152,12 @@ def extended_meta(meta, device, command):
     return {**environment(device), "commands": commands, **notes}
 
 
+def commands_text(meta):
+    """The commands of a results file's ``meta`` as rST literals joined by
+    "and", each once (a resumed run repeats its own command)."""
+    return " and ".join(f"``{c}``" for c in dict.fromkeys(meta["commands"]))
+
+
 def load_mnist_sets(data_home=None):
     """MNIST's training and test ``(X, y)`` from ``data_home``, $SKASSOC_MNIST_DIR
     or a shared/ copy (else where :func:`skassoc.datasets.load_mnist` looks)."""

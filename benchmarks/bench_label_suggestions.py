@@ -201,11 +201,6 @@ def summary_rows(runs):
     return rows
 
 
-def _commands(meta):
-    """The commands of ``meta``, each once (a resumed run repeats its own)."""
-    return " and ".join(f"``{c}``" for c in dict.fromkeys(meta["commands"]))
-
-
 def render(results):
     """The strategies' table, then the seed-noise table (each when measured)."""
     parts = []
@@ -240,7 +235,7 @@ def strategies_table(results):
         "paired difference is the median over the draws of the suggested "
         "refit's gain less the random one's (same draw, same seed); the last "
         "column gives how many classes a draw's picks covered (median). Made "
-        f"by {_commands(results['meta'])} on a CPU, one thread a process.\n\n"
+        f"by {h.commands_text(results['meta'])} on a CPU, one thread a process.\n\n"
         f"{table}\n"
     )
 
@@ -285,7 +280,7 @@ def seed_noise_table(results):
         "table's first-fit accuracy exactly (the two tables' fits may come "
         "from different machines and PyTorch builds, which round "
         "differently; the JSON records both). Made by "
-        f"{_commands(results['seed_noise']['meta'])} on a CPU, one thread a "
+        f"{h.commands_text(results['seed_noise']['meta'])} on a CPU, one thread a "
         f"process.\n\n{h.rst_table(header, seed_noise_rows(results))}\n"
     )
 

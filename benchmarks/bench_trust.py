@@ -339,7 +339,7 @@ def render(results, failing_above):
     # Runs of the diagnosis alone, where a file holds them (see its note).
     reported = list({**results["runs"], **results.get("report_runs", {})}.values())
     refitted = [r for r in runs if r["refits"]]
-    commands = " and ".join(f"``{c}``" for c in results["meta"]["commands"])
+    commands = h.commands_text(results["meta"])
     parts = []
     if reported:
         header = ["recipe", "draws", "verdict: failed", "verdict: good"]

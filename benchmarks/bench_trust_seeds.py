@@ -88,7 +88,7 @@ def render(results):
         f'.. rubric:: The same labels, other seeds (recipe "{RECIPE}")\n\n'
         "Each label draw fitted again with training seeds 1000 k + draw, "
         f"k = {', '.join(map(str, ks))}. Made by "
-        + " and ".join(f"``{c}``" for c in meta["commands"])
+        + h.commands_text(meta)
         + f". {meta.get('runs_note', '')}\n\n{table}\n"
     )
 

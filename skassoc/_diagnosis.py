@@ -388,21 +388,20 @@ def diagnose_embeddings(
             "predicted classes: pass graph_predictions, one per row of "
             "emb_unlabeled, when those rows are a subset of proba_unlabeled's."
         )
+    share_scores = None
     if expected is not None:
-        shares, worst, excess, z = class_share_scores(
-            proba_unlabeled, expected, expected_from
-        )
+        share_scores = class_share_scores(proba_unlabeled, expected, expected_from)
     graph_scores = {
         **_graph_scores(
             emb_labeled,
             y_labeled,
             emb_unlabeled,
             graph_predictions,
-            None if expected is None else worst,
+            None if share_scores is None else share_scores[1],
         ),
         "label_agreement": float(np.mean(proba_labeled.argmax(1) == y_labeled)),
     }
-    if expected is None:
+    if share_scores is None:
         shares = np.bincount(proba_unlabeled.argmax(1), minlength=n_classes)
         return FitReport(
             "not checked",
@@ -413,6 +412,15 @@ def diagnose_embeddings(
             n_labeled,
             n_unlabeled,
         )
+    return _checked_report(
+        classes, expected, share_scores, graph_scores, n_labeled, n_unlabeled
+    )
+
+
+def _checked_report(classes, expected, share_scores, graph_scores, *counts):
+    """The report of a fit whose classes' expected shares are known: its
+    verdict reads the share excess of :func:`class_share_scores`."""
+    shares, worst, excess, z = share_scores
     ratio = shares[worst] / expected[worst]
     scores = {
         "class_share_excess": excess,
@@ -435,8 +443,7 @@ def diagnose_embeddings(
         scores,
         dict(zip(classes.tolist(), shares.tolist(), strict=True)),
         dict(zip(classes.tolist(), np.asarray(expected).tolist(), strict=True)),
-        n_labeled,
-        n_unlabeled,
+        *counts,
     )
 
 

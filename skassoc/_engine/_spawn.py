@@ -297,7 +297,7 @@ def _one_failed(processes, folder):
     """Whether a worker has ended and written an error."""
     none = pickle.dumps(None)
     for rank, process in enumerate(processes.processes):
-        path = os.path.join(folder, f"outcome{rank}.pickle")
+        path = _outcome_path(folder, rank)
         if process.is_alive() or not os.path.isfile(path):
             continue
         with open(path, "rb") as handle:
@@ -362,6 +362,10 @@ def _started_path(folder, rank):
     return os.path.join(folder, f"started{rank}")
 
 
+def _outcome_path(folder, rank):
+    return os.path.join(folder, f"outcome{rank}.pickle")
+
+
 def _stop(processes):
     for process in processes.processes:
         if process.is_alive():
@@ -373,7 +377,7 @@ def _stop(processes):
 def _outcome(folder, rank):
     """What worker ``rank`` wrote (an :class:`Outcome`); a missing file (a
     worker stopped before it could write) counts as a failure."""
-    path = os.path.join(folder, f"outcome{rank}.pickle")
+    path = _outcome_path(folder, rank)
     if not os.path.isfile(path):
         return Outcome(
             None,
@@ -436,11 +440,24 @@ def _worker(rank, estimator, devices, backend, folder, shared):
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001, S110 -- the process ends next
             pass
-    warned = [
-        (str(w.message), w.category, w.filename, w.lineno, _module_of(w.filename))
-        for w in caught
-    ]
-    _write_outcome(folder, rank, worker, Outcome(None, error, failed_at, warned))
+    outcome = Outcome(None, error, failed_at)
+    if rank == 0:
+        # The caller takes process 0's state and warnings; the state alone
+        # travels, so that the estimator's callbacks need not pickle.
+        outcome = outcome._replace(
+            state=get_fitted_state(worker) if is_fitted(worker) else None,
+            warned=[
+                (
+                    str(w.message),
+                    w.category,
+                    w.filename,
+                    w.lineno,
+                    _module_of(w.filename),
+                )
+                for w in caught
+            ],
+        )
+    _write_outcome(folder, rank, outcome)
     # gloo's threads can abort the interpreter's teardown ("terminate called
     # without an active exception"), which the caller would take for a
     # failure: the outcome is written, so the process ends here.
@@ -457,23 +474,24 @@ def _module_of(filename):
     return None
 
 
-def _write_outcome(folder, rank, worker, outcome):
-    """Process 0's fitted state and warnings, every process's error, each
-    pickled apart: the caller may lack an error's or a warning's class (a
-    callback's, from a notebook). The state alone travels: the estimator's
-    callbacks need not pickle."""
+def _write_outcome(folder, rank, outcome):
+    """``outcome``'s state, error and warnings, each pickled apart: the
+    caller may lack an error's or a warning's class (a callback's, from a
+    notebook)."""
     try:
         error = pickle.dumps(outcome.error)
     except Exception:  # noqa: BLE001 -- sent as text instead
         error = pickle.dumps(RuntimeError(repr(outcome.error)))
-    state, warned = None, ()
-    if rank == 0:
-        state = get_fitted_state(worker) if is_fitted(worker) else None
-        warned = outcome.warned
     try:
-        warned = pickle.dumps(warned)
+        warned = pickle.dumps(outcome.warned)
     except Exception:  # noqa: BLE001 -- as text, the message kept
-        warned = pickle.dumps([(m, UserWarning, *place) for m, _, *place in warned])
-    payload = pickle.dumps((pickle.dumps(state), error, outcome.failed_at, warned))
-    path = os.path.join(folder, f"outcome{rank}.pickle")
-    write_atomically(path, lambda handle: handle.write(payload), "worker outcomes")
+        warned = pickle.dumps(
+            [(m, UserWarning, *place) for m, _, *place in outcome.warned]
+        )
+    state = pickle.dumps(outcome.state)
+    payload = pickle.dumps((state, error, outcome.failed_at, warned))
+    write_atomically(
+        _outcome_path(folder, rank),
+        lambda handle: handle.write(payload),
+        "worker outcomes",
+    )
