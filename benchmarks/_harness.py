@@ -146,8 +146,10 @@ def extended_meta(meta, device, command):
     """A results file's ``meta`` after a run of ``command`` on ``device``:
     this environment, the commands so far and this one, the notes (keys
     ending in ``_note``) that say how earlier runs were made, and the
-    tables' ``title`` where the file has its own."""
-    notes = {k: v for k, v in meta.items() if k.endswith("_note") or k == "title"}
+    tables' settings where the file has its own (titles: ``title`` and keys
+    ending in ``_title``; ``held_out_from`` of bench_trust)."""
+    kept = ("_note", "title", "held_out_from")
+    notes = {k: v for k, v in meta.items() if k.endswith(kept)}
     commands = [*meta.get("commands", []), command]
     return {**environment(device), "commands": commands, **notes}
 

@@ -33,7 +33,7 @@ from collections import Counter
 import _harness as h
 import numpy as np
 
-from skassoc._diagnosis import is_suspect, largest_excess
+from skassoc._diagnosis import is_suspect, largest_excess, share_excess
 
 #: Strategies a failing draw is refitted with.
 STRATEGIES = ("association", "random", "margin", "entropy")
@@ -189,6 +189,8 @@ def roc_auc(failing, good):
 #: The diagnosis table's title, unless the results' meta gives its own
 #: (a page that shows two files' tables needs two).
 DIAGNOSIS_TITLE = "Does ``fit_report_`` flag the failed fits?"
+#: The refits table's title, unless the results' meta gives its own.
+REFIT_TITLE = "Refitted with 10 more labels"
 #: Thresholds of class_share_ratio shown beside the verdict's own.
 RATIO_THRESHOLDS = (1.125, 1.15)
 
@@ -197,7 +199,8 @@ def _flags(runs, rule):
     return f"{sum(rule(r['fit_report']['scores']) for r in runs)} / {len(runs)}"
 
 
-#: The report score of the "verdict, low visit" columns.
+#: The report score that can clear the share rule's verdict ("shares
+#: alone" columns).
 LOW_VISIT_SCORE = "excess_class_low_visit"
 
 
@@ -211,7 +214,10 @@ def _flagged_by(low_visit):
     """The caption's list of what flags a draw."""
     rules = ['the verdict ("suspect")', "class_share_ratio above two other thresholds"]
     if low_visit:
-        rules.append("the verdict where excess_class_low_visit is also above 0")
+        rules.append(
+            "the verdict's share rule alone (without the excess_class_low_visit "
+            "margin that clears a clearly better visited class)"
+        )
     return "by " + ", by ".join(rules[:-1]) + f" and by {rules[-1]}."
 
 
@@ -219,14 +225,6 @@ def _shown_scores(low_visit):
     """The scores whose AUC the table gives: the low-visit one only where
     every report has it."""
     return SCORES if low_visit else tuple(s for s in SCORES if s != LOW_VISIT_SCORE)
-
-
-def with_low_visit(scores):
-    """The verdict, and the flagged class's predictions more often rarely
-    visited than the other classes' (``excess_class_low_visit`` above 0;
-    NaN, stored as null, is not)."""
-    low_visit = scores[LOW_VISIT_SCORE]
-    return is_suspect(scores) and low_visit is not None and low_visit > 0
 
 
 def _finite_scores(runs, score):
@@ -248,30 +246,41 @@ def _excess_classes(runs):
 
 
 #: The verdict's thresholds were set looking at each recipe's draws below
-#: these; the draws from them on test it and get rows of their own.
+#: these; the draws from them on test it and get rows of their own. A
+#: results file's meta may give its own (``held_out_from``).
 HELD_OUT_FROM = {"consistency": 20}
 
 
-def _group(run):
+def draw_spans(draws):
+    """Draws as the text ``parse_draws`` reads, runs of consecutive draws
+    spanned: ``"30, 33, 40-59"``."""
+    draws = sorted(set(draws))
+    spans, first = [], 0
+    for k in range(1, len(draws) + 1):
+        if k == len(draws) or draws[k] != draws[k - 1] + 1:
+            low, high = draws[first], draws[k - 1]
+            spans.append(str(low) if low == high else f"{low}-{high}")
+            first = k
+    return ", ".join(spans)
+
+
+def _group(run, held_out_from):
     """A run's table row: its recipe, and whether its draw is held out."""
-    held_out = run["draw"] >= HELD_OUT_FROM.get(run["recipe"], h.MAX_DRAWS)
+    held_out = run["draw"] >= held_out_from.get(run["recipe"], h.MAX_DRAWS)
     return run["recipe"], held_out
 
 
-def diagnosis_rows(runs, failing_above):
+def diagnosis_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
     """Per recipe (held-out draws apart): flagged failed and good draws, and
-    each score's AUC (with the low-visit columns where every report has the
-    score)."""
+    each score's AUC (with the share rule's own columns where every report
+    has the low-visit score)."""
     low_visit = has_low_visit(runs)
     rows = []
-    for recipe, held_out in sorted({_group(r) for r in runs}):
-        mine = [r for r in runs if _group(r) == (recipe, held_out)]
+    for group in sorted({_group(r, held_out_from) for r in runs}):
+        recipe, held_out = group
+        mine = [r for r in runs if _group(r, held_out_from) == group]
         if held_out:
-            draws = sorted(r["draw"] for r in mine)
-            span = f"{draws[0]}-{draws[-1]}"
-            if draws != list(range(draws[0], draws[-1] + 1)):
-                span = ", ".join(map(str, draws))
-            recipe = f"{recipe}, held out (draws {span})"
+            recipe = f"{recipe}, held out (draws {draw_spans(r['draw'] for r in mine)})"
         bad = [r for r in mine if r["test_error_percent"] > failing_above]
         good = [r for r in mine if r["test_error_percent"] <= failing_above]
         cells = [
@@ -289,7 +298,7 @@ def diagnosis_rows(runs, failing_above):
 
             cells += [_flags(bad, rule), _flags(good, rule)]
         if low_visit:
-            cells += [_flags(bad, with_low_visit), _flags(good, with_low_visit)]
+            cells += [_flags(bad, share_excess), _flags(good, share_excess)]
         for score in _shown_scores(low_visit):
             auc = roc_auc(_finite_scores(bad, score), _finite_scores(good, score))
             cells.append(h.fmt(auc))
@@ -348,10 +357,14 @@ def render(results, failing_above):
             header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
         low_visit = has_low_visit(reported)
         if low_visit:
-            header += ["verdict, low visit: failed", "verdict, low visit: good"]
+            header += ["shares alone: failed", "shares alone: good"]
         diagnosis = h.rst_table(
             header + [f"AUC {s}" for s in _shown_scores(low_visit)],
-            diagnosis_rows(reported, failing_above),
+            diagnosis_rows(
+                reported,
+                failing_above,
+                results["meta"].get("held_out_from", HELD_OUT_FROM),
+            ),
         )
         parts.append(
             f".. rubric:: {results['meta'].get('title', DIAGNOSIS_TITLE)}\n\n"
@@ -377,7 +390,7 @@ def render(results, failing_above):
             suggestion_rows(refitted),
         )
         parts.append(
-            ".. rubric:: Refitted with 10 more labels\n\n"
+            f".. rubric:: {results['meta'].get('refit_title', REFIT_TITLE)}\n\n"
             "The failed draws of the runs with refits, each refitted with the "
             "labels of 10 more samples chosen by each strategy (same seed). "
             + ("Made by the commands above" if reported else f"Made by {commands}")

@@ -606,18 +606,38 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
         [f"consistency, held out (draws {held_out + 5}-{held_out + 6})", "2"]
         + ["1 / 1", "1 / 1", "1: 1", "1: 1"],
     ]
-    # The verdict with the low-visit score flags the suspect runs whose score
-    # is above 0 (all but a failed one here); without the score (an older
-    # report), its columns are left out.
-    runs[1]["fit_report"]["scores"]["excess_class_low_visit"] = -0.01
+    # A clearly better visited excess class clears the verdict, not the
+    # "shares alone" columns; without the score (an older report), those
+    # columns are left out.
+    runs[1]["fit_report"]["scores"]["excess_class_low_visit"] = -0.02
     rows = trust.diagnosis_rows(runs, failing_above=1.5)
-    assert [row[10:12] for row in rows] == [["0 / 1", "0 / 1"], ["1 / 1", "1 / 1"]]
+    assert [row[2:4] + row[10:12] for row in rows] == [
+        ["0 / 1", "0 / 1", "1 / 1", "0 / 1"],
+        ["1 / 1", "1 / 1", "1 / 1", "1 / 1"],
+    ]
+    # A file's own held-out line moves the draws between the rows.
+    rows = trust.diagnosis_rows(runs, 1.5, {"consistency": held_out + 6})
+    assert [row[:2] for row in rows] == [
+        ["consistency", "3"],
+        [f"consistency, held out (draws {held_out + 6})", "1"],
+    ]
     for r in runs:
         del r["fit_report"]["scores"]["excess_class_low_visit"]
     assert len(trust.diagnosis_rows(runs, failing_above=1.5)[0]) == len(rows[0]) - 3
 
 
-@pytest.mark.parametrize("name", ["trust_cuda", "trust_verdict_cuda"])
+def test_trust_table_spans_runs_of_draws_as_the_command_line_reads_them(bench):
+    trust = bench("bench_trust")
+    draws = [30, 33, 36, *range(40, 60), 7, 7]
+    assert trust.draw_spans(draws) == "7, 30, 33, 36, 40-59"
+    assert trust.parse_draws(trust.draw_spans(draws).replace(" ", "")) == sorted(
+        set(draws)
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["trust_cuda", "trust_verdict_cuda", "trust_refits_cuda"]
+)
 def test_trust_tables_are_rendered_from_their_files(bench, name):
     trust = bench("bench_trust")
     committed = json.loads((RESULTS / f"{name}.json").read_text())

@@ -1,5 +1,6 @@
 """fit_report_ (is my model any good?) and suggest_labels (what to label next)."""
 
+import math
 import warnings
 
 import numpy as np
@@ -7,10 +8,12 @@ import pytest
 
 from skassoc import SemiSupervisedAssociationClassifier
 from skassoc._diagnosis import (
+    FREQUENT_CLASS_MARGIN,
     REPORT_SCORES,
     FitReport,
     FitReportWarning,
     diagnose_embeddings,
+    is_suspect,
 )
 from skassoc._suggest import suggest_from_embeddings
 from skassoc.active import association_sampling
@@ -70,18 +73,39 @@ def test_report_ok_when_shares_match_and_suspect_when_a_class_grows():
 def test_the_low_visit_score_tells_a_handed_over_region_from_a_frequent_class():
     # The same shares as the suspect report above, but every "cat" lies
     # among the cat labels: a frequent class, visited as often as the other.
-    # The verdict reads shares alone, so both are suspect; the score differs.
+    # A score near 0 clears nothing, so both are suspect; the score differs.
     frequent = _report(np.repeat([0, 1], [650, 350]))
     handed_over = _report(np.repeat([1, 0], [350, 650]), foreign=150)
     assert frequent.scores["class_share_excess"] == pytest.approx(0.15)
-    assert frequent.scores["excess_class_low_visit"] <= 0
+    assert abs(frequent.scores["excess_class_low_visit"]) <= FREQUENT_CLASS_MARGIN
     assert handed_over.scores["excess_class_low_visit"] > 0.1
     assert frequent.verdict == handed_over.verdict == "suspect"
+    # The frequent class among its labels while 100 "dog" predictions lie
+    # where no walk goes: the excess class is clearly the better visited,
+    # which reads as a frequent class, and the verdict is "ok".
+    better_visited = _report(np.repeat([0, 1], [650, 350]), foreign=100)
+    assert better_visited.scores["class_share_excess"] == pytest.approx(0.15)
+    assert better_visited.scores["excess_class_low_visit"] == pytest.approx(-100 / 350)
+    assert better_visited.verdict == "ok" and better_visited.reasons == ()
     # The score is NaN when no class is expected.
     unchecked = diagnose_embeddings(
         *_parts(np.repeat([0, 1], [650, 350])), None, np.array(["cat", "dog"])
     )
     assert np.isnan(unchecked.scores["excess_class_low_visit"])
+
+
+def test_the_verdict_clears_a_share_excess_only_beyond_the_margin():
+    scores = {"class_share_ratio": 1.3, "class_share_z": 10.0}
+    assert is_suspect(scores)  # reports stored before the score existed
+    for low_visit, suspect in [
+        (math.nan, True),
+        (None, True),
+        (0.2, True),
+        (-FREQUENT_CLASS_MARGIN / 2, True),
+        (-2 * FREQUENT_CLASS_MARGIN, False),
+    ]:
+        assert is_suspect({**scores, "excess_class_low_visit": low_visit}) is suspect
+    assert not is_suspect({**scores, "class_share_ratio": 1.05})
 
 
 def test_report_compares_with_given_shares_and_ignores_noise():
