@@ -35,7 +35,7 @@ from ._engine._device import (
 )
 from ._engine._loop import NonFiniteLossError, non_finite_message
 from ._engine._optim import load_torch_dynamo
-from ._engine._runner import agreed_seed, raise_together, training_group
+from ._engine._runner import agreed_seed, raised_together, training_group
 from ._engine._spawn import fit_on_devices, resolve_devices, warn_again
 from ._engine._step import embedding_chunk_size
 from ._fit import (
@@ -724,19 +724,16 @@ class SemiSupervisedAssociationClassifier(
         if devices is not None and len(devices) > 1:
             return self._fit_on_devices(devices, X, y, X_val, y_val, sample_weight)
         group = self._training_group()
-        error = None
-        try:
+        with raised_together(group, "the checks of their input"):
             inputs = validate_training_inputs(self, X, y, sample_weight)
             validation = self._validation_set(X_val, y_val, inputs)
-        except Exception as exc:  # noqa: BLE001 -- raised below, in every process
-            error = exc
-        raise_together(error, group)
         seed = self._fit_seed(group)
         if self.early_stopping and validation is None:
             inputs, validation = hold_out_validation(
                 inputs, self.validation_fraction, seed
             )
-        start, settings = self._start(inputs, seed)
+        with raised_together(group, "their start (resume_from, warm start, settings)"):
+            start, settings = self._start(inputs, seed)
         if self.verbose:
             # Where the progress bar goes.
             tqdm.write(describe_settings(settings), file=sys.stderr)

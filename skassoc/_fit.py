@@ -26,6 +26,7 @@ from ._engine._loop import Member, train
 from ._engine._runner import (
     DeviceRunner,
     check_same_everywhere,
+    raised_together,
     training_group,
 )
 from ._engine._step import has_batch_norm
@@ -77,12 +78,14 @@ def train_estimators(
         left as it was; the others are fitted (also when training was
         interrupted or a callback raised: the caller raises afterwards).
     """
-    for estimator in estimators:
-        check_callbacks(estimator.callbacks)
     device = settings.device
     # Several processes train one model data-parallel; stacked candidates
     # train in each process on its own.
     group = training_group(device) if len(estimators) == 1 else None
+    # Callbacks may differ between processes: so may their checks' outcome.
+    with raised_together(group, "the checks of their callbacks"):
+        for estimator in estimators:
+            check_callbacks(estimator.callbacks)
     if group is not None:
         check_same_everywhere(_params_summary(estimators[0]), group, "parameters")
         # (fit agreed on the seed before its validation split.)
@@ -94,23 +97,28 @@ def train_estimators(
     with seeded_rng(settings.seed, device), torch_threads(device):
         # The order of every fit: the model first, then the batches (the
         # sampler of shuffled epochs takes its seed from the CPU generator).
-        model = estimators[0]._initial_model(inputs, settings, previous)
-        batches = make_batches(inputs, settings, loss_weights)
-        if group is not None and has_batch_norm(model):
-            raise ValueError(
-                "Networks with batch norm (the STL-10 network) do not train "
-                "data-parallel: each process would normalise its share of the "
-                "batch with statistics of its own. Fit it on one device."
+        # Up to the first collective (the parameters' broadcast), each
+        # process may fail on its own (memory, its callbacks' set-up).
+        with raised_together(group, "building their model, batches or callbacks"):
+            model = estimators[0]._initial_model(inputs, settings, previous)
+            batches = make_batches(inputs, settings, loss_weights)
+            if group is not None and has_batch_norm(model):
+                raise ValueError(
+                    "Networks with batch norm (the STL-10 network) do not train "
+                    "data-parallel: each process would normalise its share of "
+                    "the batch with statistics of its own. Fit it on one device."
+                )
+            models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
+            members = [
+                _member(
+                    est, m, inputs, settings, validation, previous, state, k == 0, rank
+                )
+                for k, (est, m) in enumerate(zip(estimators, models, strict=True))
+            ]
+            training = settings.training
+            runner = DeviceRunner(
+                device, training.precision, training.cuda_graph, group=group
             )
-        models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
-        members = [
-            _member(est, m, inputs, settings, validation, previous, state, k == 0, rank)
-            for k, (est, m) in enumerate(zip(estimators, models, strict=True))
-        ]
-        training = settings.training
-        runner = DeviceRunner(
-            device, training.precision, training.cuda_graph, group=group
-        )
         with runner:
             runner.broadcast_parameters(model)
             results = train(models, batches, configs, runner, members)

@@ -98,6 +98,15 @@ WORKER = textwrap.dedent(
         SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(bad, y)
     except ValueError as exc:
         results["bad_input"] = str(exc)
+    # Parameters that may differ between processes, failing in one only:
+    # a checkpoint missing on its host, a callback that is no callback.
+    for name, value in [("resume_from", f"{out}/missing.skassoc"), ("callbacks", [1])]:
+        try:
+            SemiSupervisedAssociationClassifier(
+                **params, max_iter=5, **({name: value} if rank == 1 else {})
+            ).fit(X, y)
+        except (ValueError, TypeError) as exc:
+            results[name] = [type(exc).__name__, str(exc)]
     # The fit of ``fitted`` again, after a failed one: as a torchrun script
     # fits one estimator after another in one group.
     again = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
@@ -219,7 +228,29 @@ def test_input_that_fails_its_checks_in_one_process_stops_every_process(
     """Rather than leave the others waiting for it in their first collective."""
     _, results = two_processes
     assert "NaN" in results[1]["bad_input"]
-    assert "the input of processes [1] of the group failed" in results[0]["bad_input"]
+    assert (
+        "processes [1] of the group failed the checks of their input"
+        in (results[0]["bad_input"])
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "stage"),
+    [
+        ("resume_from", "ValueError", "their start"),
+        ("callbacks", "TypeError", "the checks of their callbacks"),
+    ],
+)
+def test_a_setup_that_fails_in_one_process_stops_every_process(
+    two_processes, name, error, stage
+):
+    """Per-process parameters fail before the first collective in one
+    process: that one raises its error, the other one names it."""
+    _, results = two_processes
+    assert results[1][name][0] == error
+    kind, message = results[0][name]
+    assert kind == "ValueError"
+    assert f"processes [1] of the group failed {stage}" in message
 
 
 def test_devices_fits_in_a_process_per_device_like_one_process(

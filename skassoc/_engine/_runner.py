@@ -276,29 +276,42 @@ def agreed_seed(seed, group):
     return shared[0]
 
 
-def raise_together(error, group):
-    """Every process of ``group`` learns whether any failed a check (its
-    ``error``; None when it passed) and raises: its own error, or one that
-    points at the process that failed. Without it a process that raised
-    before the first collective would leave the others waiting for it.
+@contextlib.contextmanager
+def raised_together(group, what):
+    """Run a block of per-process work (checks, setup) before a collective,
+    so that if it raises in any process of ``group``, it raises in all.
+
+    The failing process raises its own error; the others a ``ValueError``
+    that names it and ``what`` it failed. Without this, a process that
+    raised before the next collective would leave the others waiting there
+    (gloo's and NCCL's timeouts are many minutes). Only exceptions
+    (``Exception``) are agreed on: a Ctrl-C reaches every process anyway
+    (``devices`` forwards it; a terminal's reaches every torchrun process).
     """
     if group is None:
-        if error is not None:
-            raise error
+        yield
         return
-    failed = [None] * dist.get_world_size(group)
-    dist.all_gather_object(failed, error is not None, group=group)
-    if error is not None:
-        raise error
-    if any(failed):
-        peers = [rank for rank, flag in enumerate(failed) if flag]
-        error = ValueError(
-            f"This fit stopped before training: the input of processes {peers} "
-            "of the group failed its checks (their error is raised there)."
-        )
-        # devices=[...] raises the original error, not this one.
-        error.from_another_process = True
-        raise error
+    try:
+        yield
+    except Exception:
+        _agree(True, group, what)
+        raise
+    _agree(False, group, what)
+
+
+def _agree(failed, group, what):
+    flags = [None] * dist.get_world_size(group)
+    dist.all_gather_object(flags, failed, group=group)
+    if failed or not any(flags):
+        return
+    peers = [rank for rank, flag in enumerate(flags) if flag]
+    error = ValueError(
+        f"This fit stopped before training: processes {peers} of the group "
+        f"failed {what} (their error is raised there)."
+    )
+    # devices=[...] raises the original error, not this one.
+    error.from_another_process = True
+    raise error
 
 
 def check_same_everywhere(summary, group, what):
