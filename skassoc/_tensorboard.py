@@ -62,6 +62,9 @@ class TensorBoard(Callback):
     open file or thread, so that it can be cloned (a search deep-copies the
     estimator's callbacks for every fit) and pickled.
 
+    In a data-parallel fit (``devices``, ``torchrun``) process 0 alone
+    writes: the processes share one history.
+
     The fits of a search (each candidate and fold, the candidates of a
     stacked search too) all write to ``log_dir``, where TensorBoard shows
     them as one run; with ``log_dir=None``, fits that start within the same
@@ -96,9 +99,13 @@ class TensorBoard(Callback):
         return state
 
     def on_fit_begin(self, run):
-        """Open the event file; skip the history a continued run starts with."""
+        """Open the event file; skip the history a continued run starts with.
+        In process 0 of a data-parallel fit alone: the others would write
+        the same curves again."""
         summary_writer = _summary_writer_class()
         self._close()
+        if getattr(run, "rank", 0) != 0:  # a duck-typed run has one process
+            return
         log_dir = None if self.log_dir is None else os.fspath(self.log_dir)
         self._writer = summary_writer(
             log_dir=log_dir,

@@ -44,7 +44,7 @@ WORKER = textwrap.dedent(
     import numpy as np, torch, torch.distributed as dist
     from sklearn.datasets import make_blobs
     from skassoc import SemiSupervisedAssociationClassifier
-    from skassoc.callbacks import Callback
+    from skassoc.callbacks import Callback, Checkpoint
 
     rank, world, rendezvous, out, params = sys.argv[1:6]
     rank, world, params = int(rank), int(world), json.loads(params)
@@ -67,18 +67,24 @@ WORKER = textwrap.dedent(
             self.rows = []
 
         def on_fit_begin(self, run):
+            results["run_rank"] = [run.rank, run.world_size]
             run.model.embedder.register_forward_pre_hook(
                 lambda module, args: self.rows.append(args[0].shape[0])
             )
 
-    rows = RowsEmbedded()
     results = {}
+    rows = RowsEmbedded()
     first = SemiSupervisedAssociationClassifier(
         **params, max_iter=1, callbacks=[rows]
     ).fit(X, y)
     results["rows"] = rows.rows
     torch.save(first.training_state_.exp_avg, f"{out}/first{rank}.pt")
-    fitted = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
+    # Every process is given a checkpoint of its own path: process 0's
+    # alone writes.
+    checkpoint = Checkpoint(f"{out}/checkpoint{rank}-{{step}}.skassoc", every=10)
+    fitted = SemiSupervisedAssociationClassifier(
+        **params, max_iter=30, callbacks=[checkpoint]
+    ).fit(X, y)
     torch.save(fitted.model_.state_dict(), f"{out}/weights{rank}.pt")
     results["history"] = fitted.history_
     try:
@@ -195,6 +201,15 @@ def test_the_processes_train_the_model_of_one_process(two_processes, blobs_for_w
             results[0]["history"][name], one.history_[name], rtol=1e-4
         )
     assert results[0]["history"] == results[1]["history"]
+
+
+def test_callbacks_know_their_process_and_process_0_alone_checkpoints(
+    two_processes,
+):
+    out, results = two_processes
+    assert [results[rank]["run_rank"] for rank in range(2)] == [[0, 2], [1, 2]]
+    written = sorted(path.name for path in out.glob("checkpoint*"))
+    assert written == [f"checkpoint0-{step}.skassoc" for step in (10, 20, 30)]
 
 
 def test_a_later_fit_in_the_group_trains_what_an_earlier_one_did(two_processes):

@@ -203,6 +203,25 @@ def test_an_open_writer_is_not_copied(tmp_path):
         callback._writer.close()
 
 
+def test_only_process_0_of_a_data_parallel_fit_writes(estimator, tmp_path):
+    pytest.importorskip("tensorboard")
+    from skassoc.callbacks import TrainingRun
+
+    history = {"step": [10], "total": [1.0], "learning_rate": [0.1]}
+    for rank in (1, 0):
+        callback = TensorBoard(tmp_path / f"rank{rank}")
+        run = TrainingRun(
+            estimator, None, 10, history, {}, loss_names=("total",), rank=rank
+        )
+        run.world_size = 2
+        callback.on_fit_begin(run)
+        callback._n_logged = 0  # the entry above is this run's
+        callback.on_log(run)
+        callback.on_fit_end(run)
+    assert not (tmp_path / "rank1").exists()
+    assert list(_scalars(tmp_path / "rank0")) == ["loss/total", "learning_rate"]
+
+
 def test_repr():
     assert repr(TensorBoard()) == "TensorBoard()"
     assert repr(TensorBoard("runs/a", comment="_x")) == (

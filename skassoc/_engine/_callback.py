@@ -70,10 +70,25 @@ class TrainingRun:
         no use). Set before ``on_fit_end``.
     best_step : int or None
         The step of the weights early stopping put back (``on_fit_end``).
+    rank, world_size : int
+        This process and the number of processes of a data-parallel fit
+        (``devices``, ``torchrun``); 0 and 1 otherwise. Every process holds
+        the same model and runs its callbacks: a callback that writes files
+        writes in process 0 alone, as :class:`Checkpoint` and
+        :class:`TensorBoard` do.
     """
 
     def __init__(
-        self, estimator, model, max_iter, history, hooks, step=0, loss_names=()
+        self,
+        estimator,
+        model,
+        max_iter,
+        history,
+        hooks,
+        step=0,
+        loss_names=(),
+        rank=0,
+        world_size=1,
     ):
         self.estimator = estimator
         self.model = model
@@ -87,6 +102,7 @@ class TrainingRun:
         self.stop_requested = False
         self.failed = False
         self.best_step = None
+        self.rank, self.world_size = rank, world_size
         self._hooks = hooks
 
     def stop(self):

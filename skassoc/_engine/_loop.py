@@ -182,6 +182,8 @@ class _Loop:
             hooks,
             step=self.start,
             loss_names=self.step.loss_names,
+            rank=self.step.runner.rank,
+            world_size=self.step.runner.world_size,
         )
 
     def _state_now(self, k):

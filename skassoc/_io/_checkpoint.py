@@ -67,6 +67,9 @@ class Checkpoint(Callback):
     weights of an earlier step, that last file holds the fitted model
     without training state (a run cannot continue from those weights).
 
+    In a data-parallel fit (``devices``, ``torchrun``) process 0 alone
+    writes: every process holds the same model.
+
     The fits of a search (every candidate and fold, and every candidate of a
     stacked search) write to the same ``path``; keep a checkpoint callback
     for single fits, or give each search a path of its own.
@@ -111,7 +114,11 @@ class Checkpoint(Callback):
         self.every = every
 
     def on_fit_begin(self, run):
-        """Check the arguments and the estimator; start counting steps."""
+        """Check the arguments and the estimator; start counting steps (in
+        process 0 of a data-parallel fit: the others hold the same model)."""
+        self._last_written = None
+        if getattr(run, "rank", 0) != 0:  # a duck-typed run has one process
+            return
         validate_parameter_constraints(
             _CONSTRAINTS,
             {"path": self.path, "every": self.every},
@@ -126,7 +133,10 @@ class Checkpoint(Callback):
 
     def on_log(self, run):
         """Write a checkpoint if ``every`` steps passed since the last one."""
-        if run.step - self._last_written >= self.every:
+        if (
+            self._last_written is not None
+            and run.step - self._last_written >= self.every
+        ):
             self._write(run)
 
     def on_fit_end(self, run):
