@@ -445,7 +445,9 @@ class SemiSupervisedAssociationClassifier(
         step's batch, and the estimator gets the model that one process
         would train on the whole batch (up to float rounding). ``"all"``:
         every GPU. Overrides ``device`` (one device: the fit runs here, on
-        it). Callbacks run in the processes (on copies). Numeric arrays are
+        it). Callbacks run in the processes (on copies). The processes use
+        the caller's warning filters, and process 0's warnings are warned
+        again in the caller once the fit is done. Numeric arrays are
         copied once into shared memory (``/dev/shm``, which containers may
         keep small; a memory map is opened by each process instead).
         Networks with batch norm are refused. Under ``torchrun`` leave it

@@ -461,6 +461,42 @@ def test_process_zeros_warnings_and_state_come_back_whatever_its_callbacks(
     assert {w.filename for w in spread} == {__file__}
 
 
+def test_the_workers_take_the_callers_warning_filters():
+    from skassoc._engine._spawn import portable_filters, use_filters
+
+    class LocalWarning(UserWarning):  # no module holds it: not sent
+        pass
+
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.filterwarnings("error", "no sample.*unlabeled", UserWarning, "skassoc")
+        warnings.simplefilter("ignore", LocalWarning)
+        warnings.filterwarnings("once", category=DeprecationWarning, lineno=3)
+        caller = list(warnings.filters)
+        portable = portable_filters()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            use_filters(portable)
+            assert warnings.filters == [caller[0], caller[2]]
+
+
+def test_a_warning_the_caller_makes_an_error_fails_the_fit_in_the_workers(
+    blobs_for_workers,
+):
+    """As in one process: at the input checks, before any training."""
+    X, y = blobs_for_workers
+    y = y.copy()
+    y[y == -1] = 0  # every sample labeled: fit warns that none is unlabeled
+    clf = SemiSupervisedAssociationClassifier(
+        **PARAMS, max_iter=10, devices=["cpu", "cpu"]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with pytest.raises(UserWarning, match="unlabeled"):
+            clf.fit(X, y)
+    assert not hasattr(clf, "model_")
+
+
 @pytest.mark.parametrize("kind", ["copy-on-write", "unnamed file", "deleted file"])
 def test_memory_maps_the_workers_cannot_reopen_are_sent_as_arrays(tmp_path, kind):
     from skassoc._engine._spawn import _shared, _unshared

@@ -202,6 +202,7 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
             backend,
             folder,
             shared,
+            portable_filters(),
         )
         processes = mp.start_processes(
             _worker, args=args, nprocs=len(devices), join=False, start_method="spawn"
@@ -400,7 +401,36 @@ def _outcome(folder, rank):
     return Outcome(pickle.loads(state), error, failed_at, warned)
 
 
-def _worker(rank, estimator, devices, backend, folder, shared):
+def portable_filters():
+    """The caller's warning filters, for a worker: each entry pickled apart
+    (its regular expressions as their patterns), those that do not pickle
+    left out (a category class that no module holds)."""
+    portable = []
+    for action, message, category, module, lineno in warnings.filters:
+        entry = (action, getattr(message, "pattern", ""), category)
+        try:
+            portable.append(
+                pickle.dumps((*entry, getattr(module, "pattern", ""), lineno))
+            )
+        except Exception:  # noqa: BLE001, S112 -- not a filter a worker can use
+            continue
+    return portable
+
+
+def use_filters(portable):
+    """Make :func:`portable_filters`' entries this process's filters, in
+    their order; an entry whose category this process cannot import is left
+    out."""
+    warnings.resetwarnings()
+    for entry in portable:
+        try:
+            action, message, category, module, lineno = pickle.loads(entry)
+        except Exception:  # noqa: BLE001, S112 -- a class the caller alone has
+            continue
+        warnings.filterwarnings(action, message, category, module, lineno, append=True)
+
+
+def _worker(rank, estimator, devices, backend, folder, shared, filters):
     """One process of the group: fit, then write the outcome."""
     # The caller reads this to tell a failed start (the main module imported
     # again) from a death during the fit.
@@ -425,10 +455,11 @@ def _worker(rank, estimator, devices, backend, folder, shared):
         world_size=len(devices),
     )
     error = failed_at = None
-    # Recorded (once per place, as Python's default), not printed: process
-    # 0's are warned again in the caller, where its filters apply.
+    # Under the caller's filters, as in the caller: "error" fails the fit,
+    # "ignore" drops a warning. The others are recorded, not printed:
+    # process 0's are warned again in the caller (filtered there again).
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
+        use_filters(filters)
         try:
             worker.fit(X, y, **params)
         except BaseException as exc:  # noqa: BLE001 -- written for the caller
