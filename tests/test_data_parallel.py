@@ -583,6 +583,47 @@ def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
     assert 0 < clf.n_iter_ < params["max_iter"]
 
 
+def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(
+    blobs_for_workers, tmp_path, monkeypatch
+):
+    """As a job scheduler's time limit does: the caller exits (143), and
+    leaves neither running workers nor their temporary folder behind."""
+    import multiprocessing
+    import os
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    X, y = blobs_for_workers
+    training = tmp_path / "training"
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    params = {
+        **PARAMS,
+        "max_iter": 20_000,
+        "callbacks": [TouchesWhenTraining(training)],
+    }
+    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+
+    def terminate_once_training():
+        deadline = time.monotonic() + 120
+        while not training.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_once_training, daemon=True).start()
+    with pytest.raises(SystemExit) as exited:
+        clf.fit(X, y)
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert training.exists()  # it came during training
+    assert not multiprocessing.active_children()
+    assert list(temporary.iterdir()) == []
+    assert not hasattr(clf, "model_")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_the_first_error_caught_is_the_one_raised():
     from skassoc._engine._spawn import Outcome, _original_error
 

@@ -12,6 +12,7 @@ model of the steps completed, as in one process). Numeric arrays travel in
 shared memory, a whole memory map by its file name, anything else pickled.
 """
 
+import contextlib
 import inspect
 import math
 import mmap
@@ -21,6 +22,7 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from typing import NamedTuple
@@ -207,7 +209,8 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
         processes = mp.start_processes(
             _worker, args=args, nprocs=len(devices), join=False, start_method="spawn"
         )
-        interrupted = _join(processes, folder)
+        with _terminate_as_exit():
+            interrupted = _join(processes, folder)
         outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
     error = _original_error(outcomes)
     if interrupted and not isinstance(error, KeyboardInterrupt):
@@ -279,6 +282,32 @@ def _join(processes, folder):
         _stop(processes)
         raise
     return False
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """While the caller waits, a SIGTERM (a job scheduler's time limit, a
+    ``kill``) raises ``SystemExit(143)``, so that the workers are stopped
+    and the temporary folder removed on the way out. Python's default
+    would end the caller at once and leave the workers running: they have
+    a process group of their own. A handler of the caller's own is left in
+    place, as is every handler outside the main thread (which cannot set
+    one)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def exit_(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _wait(processes, folder):
