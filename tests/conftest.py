@@ -36,6 +36,31 @@ FAST_PARAMS = types.MappingProxyType(
 )
 
 
+#: The estimator of the data-parallel tests (test_data_parallel.py: a
+#: torchrun-like pair of processes; test_devices.py: ``devices=[...]``).
+DATA_PARALLEL_PARAMS = types.MappingProxyType(
+    {
+        "network": "mlp",
+        "hidden_layer_sizes": (16,),
+        "embedding_dim": 8,
+        "labeled_per_class": 3,
+        # Odd sizes: the processes' shares differ by a row.
+        "unlabeled_batch_size": 31,
+        "learning_rate": 0.01,
+        "device": "cpu",
+        "random_state": 0,
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def blobs_for_workers():
+    """Blobs whose first 30 samples are labeled, as the workers make them."""
+    X, y = make_blobs(150, centers=3, n_features=5, random_state=0)
+    y[30:] = -1
+    return X, y
+
+
 def _write_memmap(path, array):
     mapped = np.lib.format.open_memmap(
         path, mode="w+", dtype=array.dtype, shape=array.shape
