@@ -45,6 +45,11 @@ WORKER = textwrap.dedent(
             if rank == 1 and run.step >= 10:
                 raise OSError("disk full on rank 1")
 
+    class InterruptsOnRankOne(Callback):
+        def on_log(self, run):
+            if rank == 1 and run.step >= 10:
+                raise KeyboardInterrupt
+
     class RowsEmbedded(Callback):
         # The rows this process embeds in each pass of its network.
 
@@ -78,6 +83,13 @@ WORKER = textwrap.dedent(
         ).fit(X, y)
     except Exception as exc:
         results["raised"] = [type(exc).__name__, str(exc)]
+    interrupted = SemiSupervisedAssociationClassifier(
+        **params, max_iter=30, callbacks=[InterruptsOnRankOne()]
+    )
+    try:
+        interrupted.fit(X, y)
+    except KeyboardInterrupt:
+        results["interrupted_at"] = interrupted.n_iter_
     try:
         rows = slice(None) if rank == 0 else slice(1, None)
         SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X[rows], y[rows])
@@ -207,6 +219,15 @@ def test_a_callback_that_raises_in_one_process_stops_every_process(two_processes
     kind, message = results[0]["raised"]
     assert kind == "RuntimeError"
     assert "another process" in message
+
+
+def test_a_callbacks_ctrl_c_in_one_process_stops_all_at_one_step_with_the_model(
+    two_processes,
+):
+    """As a Ctrl-C does: every process raises KeyboardInterrupt after the
+    log point at which process 1's callback raised, keeping the model."""
+    _, results = two_processes
+    assert [results[rank].get("interrupted_at") for rank in range(2)] == [10, 10]
 
 
 def test_processes_given_different_data_are_refused(two_processes):

@@ -164,6 +164,8 @@ class _Loop:
         self.final_states = None
         # The callbacks whose on_fit_begin ran: only they get on_fit_end.
         self.begun = set()
+        # The Ctrl-Cs received while training (see _steps).
+        self.received = []
         self.runs = [self._run_of(k, member) for k, member in enumerate(members)]
 
     def _run_of(self, k, member):
@@ -274,6 +276,7 @@ class _Loop:
         # leave them waiting in that step's collectives.
         alone = runner.world_size == 1
         with sigint_deferred() as received:
+            self.received = received
             while self.completed < self.config.max_iter and self.live:
                 if received and alone:
                     raise KeyboardInterrupt
@@ -330,6 +333,12 @@ class _Loop:
         error = None
         try:
             call_hook(self.members[k].callbacks[1:], "on_log", run)
+        except KeyboardInterrupt:
+            if self.step.runner.world_size == 1:
+                raise
+            # With several processes, as a Ctrl-C in this process: all stop
+            # after this log point (see _steps), at the same step.
+            self.received.append(None)
         except Exception as exc:
             error = exc
         error = self._agree(run, error)
