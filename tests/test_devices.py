@@ -341,6 +341,27 @@ def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
     assert 0 < clf.n_iter_ < params["max_iter"]
 
 
+def test_a_ctrl_c_while_the_workers_start_stops_every_worker(
+    blobs_for_workers, monkeypatch
+):
+    from skassoc._engine import _spawn
+
+    real_start = _spawn.mp.start_processes
+
+    def start_then_interrupt(*args, **kwargs):
+        processes = real_start(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # the processes have started
+        return processes
+
+    monkeypatch.setattr(_spawn.mp, "start_processes", start_then_interrupt)
+    X, y = blobs_for_workers
+    clf = SemiSupervisedAssociationClassifier(**PARAMS, devices=["cpu", "cpu"])
+    with pytest.raises(KeyboardInterrupt):
+        clf.fit(X, y)
+    assert not multiprocessing.active_children()
+    assert not hasattr(clf, "model_")
+
+
 def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(
     blobs_for_workers, tmp_path, monkeypatch
 ):

@@ -36,6 +36,7 @@ from .._fitted import get_fitted_state, is_fitted
 from .._io._atomic import write_atomically
 from .._utils import user_stacklevel
 from ._device import resolve_device
+from ._optim import sigint_deferred
 
 __all__ = ["resolve_devices", "fit_on_devices", "warn_again"]
 
@@ -206,11 +207,19 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
             shared,
             portable_filters(),
         )
-        processes = mp.start_processes(
-            _worker, args=args, nprocs=len(devices), join=False, start_method="spawn"
-        )
+        # A Ctrl-C while the processes start waits until all have: one that
+        # came in between would leave the started ones behind, waiting for
+        # their peers at the rendezvous.
+        with sigint_deferred() as received:
+            processes = mp.start_processes(
+                _worker,
+                args=args,
+                nprocs=len(devices),
+                join=False,
+                start_method="spawn",
+            )
         with _terminate_as_exit():
-            interrupted = _join(processes, folder)
+            interrupted = _join(processes, folder, interrupt_now=bool(received))
         outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
     error = _original_error(outcomes)
     if interrupted and not isinstance(error, KeyboardInterrupt):
@@ -251,8 +260,9 @@ def warn_again(warned):
             warnings.warn_explicit(message, category, filename, lineno, module)
 
 
-def _join(processes, folder):
-    """Wait for the workers; on a Ctrl-C, let them keep their models first.
+def _join(processes, folder, interrupt_now=False):
+    """Wait for the workers; on a Ctrl-C (or at once, when one came while
+    they started: ``interrupt_now``), let them keep their models first.
 
     Returns
     -------
@@ -261,6 +271,8 @@ def _join(processes, folder):
     """
     n_devices = len(processes.processes)
     try:
+        if interrupt_now:
+            raise KeyboardInterrupt
         _wait(processes, folder)
     except KeyboardInterrupt:
         _interrupt(processes)
