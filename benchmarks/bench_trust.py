@@ -273,7 +273,8 @@ def _group(run, held_out_from):
 def diagnosis_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
     """Per recipe (held-out draws apart): flagged failed and good draws, and
     each score's AUC (with the share rule's own columns where every report
-    has the low-visit score)."""
+    has the low-visit score). ``held_out_from`` maps a recipe to its first
+    held-out draw (see :data:`HELD_OUT_FROM`)."""
     low_visit = has_low_visit(runs)
     rows = []
     for group in sorted({_group(r, held_out_from) for r in runs}):

@@ -8,7 +8,6 @@ from numbers import Integral
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from sklearn.base import (
     BaseEstimator,
     ClassifierMixin,
@@ -35,7 +34,12 @@ from ._engine._device import (
 )
 from ._engine._loop import NonFiniteLossError, non_finite_message
 from ._engine._optim import load_torch_dynamo
-from ._engine._runner import agreed_seed, raised_together, training_group
+from ._engine._runner import (
+    agreed_seed,
+    check_backend,
+    default_group,
+    raised_together,
+)
 from ._engine._spawn import fit_on_devices, resolve_devices, warn_again
 from ._engine._step import embedding_chunk_size
 from ._fit import (
@@ -725,16 +729,17 @@ class SemiSupervisedAssociationClassifier(
         devices = None if self.devices is None else resolve_devices(self.devices)
         if devices is not None and len(devices) > 1:
             return self._fit_on_devices(devices, X, y, X_val, y_val, sample_weight)
-        group = self._training_group()
-        with raised_together(group, "the checks of their input"):
+        group = default_group()
+        with raised_together(group, "the checks of their device and input"):
+            check_backend(fit_device(self), group)
             inputs = validate_training_inputs(self, X, y, sample_weight)
             validation = self._validation_set(X_val, y_val, inputs)
         seed = self._fit_seed(group)
-        if self.early_stopping and validation is None:
-            inputs, validation = hold_out_validation(
-                inputs, self.validation_fraction, seed
-            )
-        with raised_together(group, "their start (resume_from, warm start, settings)"):
+        with raised_together(group, "their start (resume_from, settings)"):
+            if self.early_stopping and validation is None:
+                inputs, validation = hold_out_validation(
+                    inputs, self.validation_fraction, seed
+                )
             start, settings = self._start(inputs, seed)
         if self.verbose:
             # Where the progress bar goes.
@@ -779,12 +784,6 @@ class SemiSupervisedAssociationClassifier(
         if error is not None:
             raise error
         return self
-
-    def _training_group(self):
-        """The process group this fit trains with (None for one process)."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        return training_group(fit_device(self))
 
     def _fit_seed(self, group):
         """This fit's seed; in a data-parallel fit, process 0's (every process

@@ -430,7 +430,8 @@ def diagnose_embeddings(
 
 def _checked_report(classes, expected, share_scores, graph_scores, *counts):
     """The report of a fit whose classes' expected shares are known: its
-    verdict reads the share excess of :func:`class_share_scores`."""
+    verdict is :func:`is_suspect` of the share excess of
+    :func:`class_share_scores` and of the graph's scores."""
     shares, worst, excess, z = share_scores
     ratio = shares[worst] / expected[worst]
     scores = {

@@ -25,9 +25,10 @@ from ._engine._device import seeded_rng, torch_threads
 from ._engine._loop import Member, train
 from ._engine._runner import (
     DeviceRunner,
+    check_backend,
     check_same_everywhere,
+    default_group,
     raised_together,
-    training_group,
 )
 from ._engine._step import has_batch_norm
 from ._fitted import FittedState, set_fitted_state
@@ -81,52 +82,60 @@ def train_estimators(
     device = settings.device
     # Several processes train one model data-parallel; stacked candidates
     # train in each process on its own.
-    group = training_group(device) if len(estimators) == 1 else None
-    # Callbacks may differ between processes: so may their checks' outcome.
-    with raised_together(group, "the checks of their callbacks"):
+    group = default_group() if len(estimators) == 1 else None
+    # Devices and callbacks may differ between processes: so may their
+    # checks' outcome.
+    with raised_together(group, "the checks of their device and callbacks"):
+        check_backend(device, group)
         for estimator in estimators:
             check_callbacks(estimator.callbacks)
     if group is not None:
         check_same_everywhere(_params_summary(estimators[0]), group, "parameters")
         # (fit agreed on the seed before its validation split.)
         check_same_everywhere(_data_summary(inputs), group, "training data")
-    # One progress bar for a data-parallel fit: process 0's.
-    rank = 0 if group is None else torch.distributed.get_rank(group)
-    state = continued_run(previous, settings.training.max_iter)
     configs = [_config_of(settings.training, est) for est in estimators]
     with seeded_rng(settings.seed, device), torch_threads(device):
-        # The order of every fit: the model first, then the batches (the
-        # sampler of shuffled epochs takes its seed from the CPU generator).
         # Up to the first collective (the parameters' broadcast), each
         # process may fail on its own (memory, its callbacks' set-up).
         with raised_together(group, "building their model, batches or callbacks"):
-            model = estimators[0]._initial_model(inputs, settings, previous)
-            batches = make_batches(inputs, settings, loss_weights)
-            if group is not None and has_batch_norm(model):
-                raise ValueError(
-                    "Networks with batch norm (the STL-10 network) do not train "
-                    "data-parallel: each process would normalise its share of "
-                    "the batch with statistics of its own. Fit it on one device."
-                )
-            models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
-            members = [
-                _member(
-                    est, m, inputs, settings, validation, previous, state, k == 0, rank
-                )
-                for k, (est, m) in enumerate(zip(estimators, models, strict=True))
-            ]
-            training = settings.training
-            runner = DeviceRunner(
-                device, training.precision, training.cuda_graph, group=group
+            models, batches, members, runner = _build(
+                estimators, inputs, settings, previous, validation, loss_weights, group
             )
         with runner:
-            runner.broadcast_parameters(model)
+            runner.broadcast_parameters(models[0])
             results = train(models, batches, configs, runner, members)
         # Inside the thread setting: class_prior="auto" predicts on the CPU.
         for est, m, result in zip(estimators, models, results, strict=True):
             if result.failed_at is None:
                 _set_state(est, m, result, inputs, settings)
     return results
+
+
+def _build(estimators, inputs, settings, previous, validation, loss_weights, group):
+    """The models, batches, callbacks (members) and device runner of a run."""
+    # The order of every fit: the model first, then the batches (the
+    # sampler of shuffled epochs takes its seed from the CPU generator).
+    model = estimators[0]._initial_model(inputs, settings, previous)
+    batches = make_batches(inputs, settings, loss_weights)
+    if group is not None and has_batch_norm(model):
+        raise ValueError(
+            "Networks with batch norm (the STL-10 network) do not train "
+            "data-parallel: each process would normalise its share of the "
+            "batch with statistics of its own. Fit it on one device."
+        )
+    models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
+    # One progress bar for a data-parallel fit: process 0's.
+    rank = 0 if group is None else torch.distributed.get_rank(group)
+    state = continued_run(previous, settings.training.max_iter)
+    members = [
+        _member(est, m, inputs, settings, validation, previous, state, k == 0, rank)
+        for k, (est, m) in enumerate(zip(estimators, models, strict=True))
+    ]
+    training = settings.training
+    runner = DeviceRunner(
+        settings.device, training.precision, training.cuda_graph, group=group
+    )
+    return models, batches, members, runner
 
 
 #: Parameters that may differ between the processes of a data-parallel fit.

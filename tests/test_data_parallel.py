@@ -46,6 +46,13 @@ WORKER = textwrap.dedent(
                 raise OSError("disk full on rank 1")
 
     class InterruptsOnRankOne(Callback):
+        def __init__(self, at_begin=False):
+            self.at_begin = at_begin
+
+        def on_fit_begin(self, run):
+            if rank == 1 and self.at_begin:
+                raise KeyboardInterrupt
+
         def on_log(self, run):
             if rank == 1 and run.step >= 10:
                 raise KeyboardInterrupt
@@ -91,6 +98,12 @@ WORKER = textwrap.dedent(
     except KeyboardInterrupt:
         results["interrupted_at"] = interrupted.n_iter_
     try:
+        SemiSupervisedAssociationClassifier(
+            **params, max_iter=30, callbacks=[InterruptsOnRankOne(at_begin=True)]
+        ).fit(X, y)
+    except KeyboardInterrupt:
+        results["interrupted_at_begin"] = True
+    try:
         rows = slice(None) if rank == 0 else slice(1, None)
         SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X[rows], y[rows])
     except ValueError as exc:
@@ -102,13 +115,17 @@ WORKER = textwrap.dedent(
     except ValueError as exc:
         results["bad_input"] = str(exc)
     # Parameters that may differ between processes, failing in one only:
-    # a checkpoint missing on its host, a callback that is no callback.
-    for name, value in [("resume_from", f"{out}/missing.skassoc"), ("callbacks", [1])]:
+    # a checkpoint missing on its host, a callback that is no callback, a
+    # device that is missing (or that the gloo group cannot serve).
+    for name, value in [
+        ("resume_from", f"{out}/missing.skassoc"),
+        ("callbacks", [1]),
+        ("device", "cuda:0"),
+    ]:
         try:
-            SemiSupervisedAssociationClassifier(
-                **params, max_iter=5, **({name: value} if rank == 1 else {})
-            ).fit(X, y)
-        except (ValueError, TypeError) as exc:
+            mine = {**params, "max_iter": 5, **({name: value} if rank == 1 else {})}
+            SemiSupervisedAssociationClassifier(**mine).fit(X, y)
+        except Exception as exc:
             results[name] = [type(exc).__name__, str(exc)]
     # The fit of ``fitted`` again, after a failed one: as a torchrun script
     # fits one estimator after another in one group.
@@ -228,6 +245,11 @@ def test_a_callbacks_ctrl_c_in_one_process_stops_all_at_one_step_with_the_model(
     log point at which process 1's callback raised, keeping the model."""
     _, results = two_processes
     assert [results[rank].get("interrupted_at") for rank in range(2)] == [10, 10]
+    # In on_fit_begin: every process raises it before the first step.
+    assert [results[rank].get("interrupted_at_begin") for rank in range(2)] == [
+        True,
+        True,
+    ]
 
 
 def test_processes_given_different_data_are_refused(two_processes):
@@ -243,7 +265,7 @@ def test_input_that_fails_its_checks_in_one_process_stops_every_process(
     _, results = two_processes
     assert "NaN" in results[1]["bad_input"]
     assert (
-        "processes [1] of the group failed the checks of their input"
+        "processes [1] of the group failed the checks of their device and input"
         in (results[0]["bad_input"])
     )
 
@@ -252,7 +274,8 @@ def test_input_that_fails_its_checks_in_one_process_stops_every_process(
     ("name", "error", "stage"),
     [
         ("resume_from", "ValueError", "their start"),
-        ("callbacks", "TypeError", "the checks of their callbacks"),
+        ("callbacks", "TypeError", "the checks of their device and callbacks"),
+        ("device", None, "the checks of their device and input"),
     ],
 )
 def test_a_setup_that_fails_in_one_process_stops_every_process(
@@ -261,7 +284,8 @@ def test_a_setup_that_fails_in_one_process_stops_every_process(
     """Per-process parameters fail before the first collective in one
     process: that one raises its error, the other one names it."""
     _, results = two_processes
-    assert results[1][name][0] == error
+    assert name in results[1]
+    assert error is None or results[1][name][0] == error
     kind, message = results[0][name]
     assert kind == "ValueError"
     assert f"processes [1] of the group failed {stage}" in message

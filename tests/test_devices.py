@@ -242,6 +242,19 @@ def test_the_workers_take_the_callers_warning_filters():
             warnings.simplefilter("always")
             use_filters(portable)
             assert warnings.filters == [caller[0], caller[2]]
+    # Python's own default filters name modules by plain strings, which
+    # match exactly: kept so in the worker.
+    with warnings.catch_warnings():
+        warnings.filters[:] = [
+            ("default", None, DeprecationWarning, "__main__", 0),
+            ("ignore", None, DeprecationWarning, None, 0),
+        ]
+        portable = portable_filters()
+        with warnings.catch_warnings(record=True) as caught:
+            use_filters(portable)
+            for module in ("__main__", "torch.foo", "__main__x"):
+                warnings.warn_explicit("x", DeprecationWarning, "f.py", 1, module)
+    assert [w.category for w in caught] == [DeprecationWarning]
 
 
 def test_a_warning_the_caller_makes_an_error_fails_the_fit_in_the_workers(
@@ -341,25 +354,61 @@ def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
     assert 0 < clf.n_iter_ < params["max_iter"]
 
 
-def test_a_ctrl_c_while_the_workers_start_stops_every_worker(
-    blobs_for_workers, monkeypatch
+@pytest.mark.parametrize(
+    ("signum", "raised"),
+    [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, SystemExit)],
+)
+def test_a_signal_while_the_workers_start_stops_every_worker(
+    blobs_for_workers, monkeypatch, signum, raised
 ):
     from skassoc._engine import _spawn
 
     real_start = _spawn.mp.start_processes
 
-    def start_then_interrupt(*args, **kwargs):
+    def start_then_signal(*args, **kwargs):
         processes = real_start(*args, **kwargs)
-        signal.raise_signal(signal.SIGINT)  # the processes have started
+        signal.raise_signal(signum)  # the processes have started
         return processes
 
-    monkeypatch.setattr(_spawn.mp, "start_processes", start_then_interrupt)
+    monkeypatch.setattr(_spawn.mp, "start_processes", start_then_signal)
     X, y = blobs_for_workers
     clf = SemiSupervisedAssociationClassifier(**PARAMS, devices=["cpu", "cpu"])
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(raised):
         clf.fit(X, y)
     assert not multiprocessing.active_children()
     assert not hasattr(clf, "model_")
+
+
+def test_the_callers_signals_are_held_while_workers_start_then_raise():
+    from skassoc._engine._spawn import _caller_signals
+
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _caller_signals() as held:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
+            assert held == [signal.SIGINT, signal.SIGTERM]  # held, not raised
+            held.starting = False
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+            # The first SIGTERM set the second aside (the workers' stop).
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with _caller_signals() as held:
+            held.starting = False
+            with pytest.raises(SystemExit) as exited:
+                signal.raise_signal(signal.SIGTERM)
+            assert exited.value.code == 128 + signal.SIGTERM
+        # A handler of the caller's own stays in place.
+        seen = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+        with _caller_signals() as held:
+            signal.raise_signal(signal.SIGTERM)
+        assert seen == [signal.SIGTERM] and held == []
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(

@@ -14,6 +14,7 @@ import torch
 
 from ._callback import TrainingRun, call_hook
 from ._optim import Optimization, parameter_groups, sigint_deferred
+from ._runner import from_another_process
 from ._state import TrainingState, capture_state, restore_states
 from ._step import AssociationStep
 
@@ -164,8 +165,6 @@ class _Loop:
         self.final_states = None
         # The callbacks whose on_fit_begin ran: only they get on_fit_end.
         self.begun = set()
-        # The Ctrl-Cs received while training (see _steps).
-        self.received = []
         self.runs = [self._run_of(k, member) for k, member in enumerate(members)]
 
     def _run_of(self, k, member):
@@ -232,37 +231,48 @@ class _Loop:
 
     def _begin_callbacks(self):
         for k in list(self.live):
-            run, error = self.runs[k], None
+            run, error, interrupted = self.runs[k], None, False
             try:
                 for callback in self.members[k].callbacks:
                     self.begun.add(id(callback))
                     call_hook([callback], "on_fit_begin", run)
+            except KeyboardInterrupt:
+                if self.step.runner.world_size == 1:
+                    raise
+                interrupted = True
             except Exception as exc:
                 error = exc
-            error = self._agree(run, error)
+            error = self._agree(run, error, interrupted)
             if error is not None:
                 raise error
             if run.stop_requested:
                 # Asked to stop before its first step.
                 self._stop(k)
 
-    def _agree(self, run, error):
+    def _agree(self, run, error, interrupted=False):
         """With several processes, make every one stop (or fail) when any
         one's callbacks asked to stop (or raised): the others would wait for
         it in the next step. Returns the error this process raises, if any.
+
+        A callback's ``KeyboardInterrupt`` in one process (``interrupted``)
+        is raised in every process here, as a Ctrl-C at this log point.
         """
         runner = self.step.runner
         if runner.world_size == 1:
             return error
-        raised, stop = runner.any_process(error is not None, run.stop_requested)
+        raised, stop, interrupt = runner.any_process(
+            error is not None, run.stop_requested, interrupted
+        )
+        if interrupt and error is None:
+            raise KeyboardInterrupt
         if raised and error is None:
-            error = RuntimeError(
-                f"Training stopped after step {self.completed}: a callback "
-                "raised in another process of the group (its error is raised "
-                "there)."
+            error = from_another_process(
+                RuntimeError(
+                    f"Training stopped after step {self.completed}: a callback "
+                    "raised in another process of the group (its error is "
+                    "raised there)."
+                )
             )
-            # devices=[...] raises the original error, not this one.
-            error.from_another_process = True
         run.stop_requested = stop
         return error
 
@@ -276,7 +286,6 @@ class _Loop:
         # leave them waiting in that step's collectives.
         alone = runner.world_size == 1
         with sigint_deferred() as received:
-            self.received = received
             while self.completed < self.config.max_iter and self.live:
                 if received and alone:
                     raise KeyboardInterrupt
@@ -330,18 +339,16 @@ class _Loop:
 
     def _call_on_log(self, k, run):
         """Model ``k``'s callbacks' ``on_log``; then stop it if one asked."""
-        error = None
+        error, interrupted = None, False
         try:
             call_hook(self.members[k].callbacks[1:], "on_log", run)
         except KeyboardInterrupt:
             if self.step.runner.world_size == 1:
                 raise
-            # With several processes, as a Ctrl-C in this process: all stop
-            # after this log point (see _steps), at the same step.
-            self.received.append(None)
+            interrupted = True
         except Exception as exc:
             error = exc
-        error = self._agree(run, error)
+        error = self._agree(run, error, interrupted)
         if error is not None:
             raise _CallbackError(error) from error
         if run.stop_requested:

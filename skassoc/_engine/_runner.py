@@ -239,34 +239,37 @@ class _GatherRows(torch.autograd.Function):
         return grad[ctx.rank], None, None, None
 
 
-def training_group(device):
-    """The process group a fit on ``device`` trains with; None for one process.
+def default_group():
+    """The process group a fit trains with: the default group of
+    ``torch.distributed`` when it is initialized with several processes
+    (``torchrun``, or the caller's own ``init_process_group``), else None."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.group.WORLD if dist.get_world_size() > 1 else None
 
-    A fit joins the default group of ``torch.distributed`` when one of
-    several processes is initialized (``torchrun``, or the caller's own
-    ``init_process_group``): NCCL for a GPU fit, gloo for a CPU fit.
+
+def check_backend(device, group):
+    """Refuse a group whose backend cannot reduce tensors of ``device``
+    (NCCL for a GPU fit, gloo for a CPU fit); nothing for one process.
 
     Raises
     ------
     ValueError
-        If the group's backend cannot reduce tensors of ``device``.
+        If the backend does not serve ``device``'s type.
     """
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    if dist.get_world_size() == 1:
-        return None
-    backend = str(dist.get_backend())
+    if group is None:
+        return
+    backend = str(dist.get_backend(group))
     needed = "nccl" if device.type == "cuda" else "gloo"
     if needed not in backend:
         raise ValueError(
             f"This fit runs on {device}, and torch.distributed's default group "
             f"(backend {backend!r}) would train it data-parallel with the other "
-            f"{dist.get_world_size() - 1} processes, which needs the {needed!r} "
-            f"backend for {device.type} tensors. Initialize the group with "
-            f"backend={needed!r} (or 'cpu:gloo,cuda:nccl'), or fit on the "
+            f"{dist.get_world_size(group) - 1} processes, which needs the "
+            f"{needed!r} backend for {device.type} tensors. Initialize the group "
+            f"with backend={needed!r} (or 'cpu:gloo,cuda:nccl'), or fit on the "
             "device the backend serves."
         )
-    return dist.group.WORLD
 
 
 def agreed_seed(seed, group):
@@ -294,7 +297,9 @@ def raised_together(group, what):
     try:
         yield
     except Exception:
-        _agree(True, group, what)
+        # If the agreement fails too (a peer gone), this error is the news.
+        with contextlib.suppress(Exception):
+            _agree(True, group, what)
         raise
     _agree(False, group, what)
 
@@ -305,13 +310,19 @@ def _agree(failed, group, what):
     if failed or not any(flags):
         return
     peers = [rank for rank, flag in enumerate(flags) if flag]
-    error = ValueError(
-        f"This fit stopped before training: processes {peers} of the group "
-        f"failed {what} (their error is raised there)."
+    raise from_another_process(
+        ValueError(
+            f"This fit stopped before training: processes {peers} of the group "
+            f"failed {what} (their error is raised there)."
+        )
     )
-    # devices=[...] raises the original error, not this one.
+
+
+def from_another_process(error):
+    """Mark ``error`` as this process's news of another's failure:
+    ``devices=[...]`` raises the original error in the caller, not this."""
     error.from_another_process = True
-    raise error
+    return error
 
 
 def check_same_everywhere(summary, group, what):

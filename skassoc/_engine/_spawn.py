@@ -19,6 +19,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import sys
 import tempfile
@@ -36,7 +37,6 @@ from .._fitted import get_fitted_state, is_fitted
 from .._io._atomic import write_atomically
 from .._utils import user_stacklevel
 from ._device import resolve_device
-from ._optim import sigint_deferred
 
 __all__ = ["resolve_devices", "fit_on_devices", "warn_again"]
 
@@ -207,10 +207,7 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
             shared,
             portable_filters(),
         )
-        # A Ctrl-C while the processes start waits until all have: one that
-        # came in between would leave the started ones behind, waiting for
-        # their peers at the rendezvous.
-        with sigint_deferred() as received:
+        with _caller_signals() as held:
             processes = mp.start_processes(
                 _worker,
                 args=args,
@@ -218,8 +215,7 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
                 join=False,
                 start_method="spawn",
             )
-        with _terminate_as_exit():
-            interrupted = _join(processes, folder, interrupt_now=bool(received))
+            interrupted = _join(processes, folder, held)
         outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
     error = _original_error(outcomes)
     if interrupted and not isinstance(error, KeyboardInterrupt):
@@ -260,9 +256,10 @@ def warn_again(warned):
             warnings.warn_explicit(message, category, filename, lineno, module)
 
 
-def _join(processes, folder, interrupt_now=False):
-    """Wait for the workers; on a Ctrl-C (or at once, when one came while
-    they started: ``interrupt_now``), let them keep their models first.
+def _join(processes, folder, held):
+    """Wait for the workers; on a Ctrl-C, let them keep their models first.
+    A signal ``held`` while they started (see :func:`_caller_signals`) acts
+    at once.
 
     Returns
     -------
@@ -271,7 +268,11 @@ def _join(processes, folder, interrupt_now=False):
     """
     n_devices = len(processes.processes)
     try:
-        if interrupt_now:
+        # From here a signal raises (inside this try); one held before acts now.
+        held.starting = False
+        if signal.SIGTERM in held:
+            raise SystemExit(128 + signal.SIGTERM)
+        if held:
             raise KeyboardInterrupt
         _wait(processes, folder)
     except KeyboardInterrupt:
@@ -296,30 +297,54 @@ def _join(processes, folder, interrupt_now=False):
     return False
 
 
+class _Held(list):
+    """The signals :func:`_caller_signals` held while the workers started."""
+
+    starting = True
+
+
 @contextlib.contextmanager
-def _terminate_as_exit():
-    """While the caller waits, a SIGTERM (a job scheduler's time limit, a
-    ``kill``) raises ``SystemExit(143)``, so that the workers are stopped
-    and the temporary folder removed on the way out. Python's default
-    would end the caller at once and leave the workers running: they have
-    a process group of their own. A handler of the caller's own is left in
-    place, as is every handler outside the main thread (which cannot set
-    one)."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
+def _caller_signals():
+    """The caller's Ctrl-C and SIGTERM while its workers start and run.
 
-    def exit_(signum, frame):
-        raise SystemExit(128 + signum)
+    While they start (until ``held.starting`` is set False), both are held
+    in the yielded list: one that came between two starts would leave the
+    started workers waiting at the rendezvous (they have a process group of
+    their own, which neither a terminal's Ctrl-C nor a scheduler's SIGTERM
+    to the caller reaches). Then a Ctrl-C raises ``KeyboardInterrupt`` as
+    usual, and a SIGTERM (a job scheduler's time limit, a ``kill``)
+    ``SystemExit(143)``, so that the workers are stopped and the temporary
+    folder removed on the way out, where Python's default would end the
+    caller alone. A second SIGTERM is ignored, not to cut that stop short.
+    Handlers of the caller's own stay in place, as does every handler
+    outside the main thread (which cannot set one).
+    """
+    held = _Held()
+    defaults = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGTERM: signal.SIG_DFL,
+    }
+    if threading.current_thread() is not threading.main_thread():
+        defaults = {}
+    ours = [n for n, default in defaults.items() if signal.getsignal(n) is default]
 
-    signal.signal(signal.SIGTERM, exit_)
+    def on_signal(signum, frame):
+        if signum == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if held.starting:
+            held.append(signum)
+        elif signum == signal.SIGTERM:
+            raise SystemExit(128 + signum)
+        else:
+            raise KeyboardInterrupt
+
+    for signum in ours:
+        signal.signal(signum, on_signal)
     try:
-        yield
+        yield held
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in ours:
+            signal.signal(signum, defaults[signum])
 
 
 def _wait(processes, folder):
@@ -448,14 +473,23 @@ def portable_filters():
     left out (a category class that no module holds)."""
     portable = []
     for action, message, category, module, lineno in warnings.filters:
-        entry = (action, getattr(message, "pattern", ""), category)
+        entry = (action, _pattern(message), category, _pattern(module), lineno)
         try:
-            portable.append(
-                pickle.dumps((*entry, getattr(module, "pattern", ""), lineno))
-            )
+            portable.append(pickle.dumps(entry))
         except Exception:  # noqa: BLE001, S112 -- not a filter a worker can use
             continue
     return portable
+
+
+def _pattern(field):
+    """A filter's message or module as ``filterwarnings`` takes it: a
+    compiled expression's pattern; a plain string (Python's own default
+    filters hold one) matches exactly; None matches all ("")."""
+    if field is None:
+        return ""
+    if isinstance(field, str):
+        return re.escape(field) + r"\Z"
+    return field.pattern
 
 
 def use_filters(portable):
