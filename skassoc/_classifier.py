@@ -1,6 +1,7 @@
 """SemiSupervisedAssociationClassifier: the paper's recipe as an estimator."""
 
 import copy
+import functools
 import math
 import sys
 import warnings
@@ -8,6 +9,7 @@ from numbers import Integral
 
 import numpy as np
 import torch
+from sklearn import get_config
 from sklearn.base import (
     BaseEstimator,
     ClassifierMixin,
@@ -86,6 +88,25 @@ from ._suggest import suggest_labels
 from ._utils import user_stacklevel
 
 __all__ = ["SemiSupervisedAssociationClassifier"]
+
+
+def _agreed_fit_context(fit_method):
+    """scikit-learn's ``_fit_context`` around ``fit``, whose parameter checks
+    every process of a torch.distributed group agrees on first: parameters
+    such as ``callbacks`` and ``devices`` may differ between the processes,
+    and one that failed its checks alone would leave the others waiting in
+    their first collective."""
+    fit_in_context = _fit_context(prefer_skip_nested_validation=True)(fit_method)
+
+    @functools.wraps(fit_method)
+    def fit(estimator, *args, **kwargs):
+        group = default_group()
+        if group is not None and not get_config()["skip_parameter_validation"]:
+            with raised_together(group, "the checks of their parameters"):
+                estimator._validate_params()
+        return fit_in_context(estimator, *args, **kwargs)
+
+    return fit
 
 
 class SemiSupervisedAssociationClassifier(
@@ -671,7 +692,7 @@ class SemiSupervisedAssociationClassifier(
 
     # ------------------------------------------------------------------ fit
 
-    @_fit_context(prefer_skip_nested_validation=True)
+    @_agreed_fit_context
     def fit(self, X, y, *, X_val=None, y_val=None, sample_weight=None):
         """Train the network on labeled and unlabeled samples.
 
@@ -726,12 +747,13 @@ class SemiSupervisedAssociationClassifier(
         KeyboardInterrupt
             On a Ctrl-C, after keeping what was trained (see above).
         """
-        devices = None if self.devices is None else resolve_devices(self.devices)
-        if devices is not None and len(devices) > 1:
-            return self._fit_on_devices(devices, X, y, X_val, y_val, sample_weight)
         group = default_group()
+        if group is None and self.devices is not None:
+            devices = resolve_devices(self.devices)
+            if len(devices) > 1:
+                return self._fit_on_devices(devices, X, y, X_val, y_val, sample_weight)
         with raised_together(group, "the checks of their device and input"):
-            check_backend(fit_device(self), group)
+            self._check_device(group)
             inputs = validate_training_inputs(self, X, y, sample_weight)
             validation = self._validation_set(X_val, y_val, inputs)
         seed = self._fit_seed(group)
@@ -784,6 +806,19 @@ class SemiSupervisedAssociationClassifier(
         if error is not None:
             raise error
         return self
+
+    def _check_device(self, group):
+        """Refuse a device this process lacks or its group's backend does
+        not serve, and ``devices`` in a process of a group."""
+        if group is not None and self.devices is not None:
+            if len(resolve_devices(self.devices)) > 1:
+                raise ValueError(
+                    f"devices={self.devices!r} starts a process per device, but "
+                    "this process is one of an initialized torch.distributed "
+                    "group (torchrun), whose processes train this fit together "
+                    "already. Leave devices=None under torchrun."
+                )
+        check_backend(fit_device(self), group)
 
     def _fit_seed(self, group):
         """This fit's seed; in a data-parallel fit, process 0's (every process

@@ -355,19 +355,27 @@ def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
 
 
 @pytest.mark.parametrize(
-    ("signum", "raised"),
-    [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, SystemExit)],
+    ("signum", "raised", "when"),
+    [
+        (signal.SIGINT, KeyboardInterrupt, "after"),
+        (signal.SIGTERM, SystemExit, "after"),
+        # Workers started after it must not inherit an ignored SIGTERM.
+        (signal.SIGTERM, SystemExit, "before"),
+    ],
 )
 def test_a_signal_while_the_workers_start_stops_every_worker(
-    blobs_for_workers, monkeypatch, signum, raised
+    blobs_for_workers, monkeypatch, signum, raised, when
 ):
     from skassoc._engine import _spawn
 
     real_start = _spawn.mp.start_processes
 
     def start_then_signal(*args, **kwargs):
+        if when == "before":
+            signal.raise_signal(signum)
         processes = real_start(*args, **kwargs)
-        signal.raise_signal(signum)  # the processes have started
+        if when == "after":
+            signal.raise_signal(signum)
         return processes
 
     monkeypatch.setattr(_spawn.mp, "start_processes", start_then_signal)
@@ -380,32 +388,40 @@ def test_a_signal_while_the_workers_start_stops_every_worker(
 
 
 def test_the_callers_signals_are_held_while_workers_start_then_raise():
-    from skassoc._engine._spawn import _caller_signals
+    from skassoc._engine._spawn import _CallerSignals
 
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with _caller_signals() as held:
+        with _CallerSignals() as signals:
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGTERM)
-            assert held == [signal.SIGINT, signal.SIGTERM]  # held, not raised
-            held.starting = False
-            with pytest.raises(KeyboardInterrupt):
-                signal.raise_signal(signal.SIGINT)
-            # The first SIGTERM set the second aside (the workers' stop).
-            signal.raise_signal(signal.SIGTERM)
+            assert signals.held == [signal.SIGINT, signal.SIGTERM]  # not raised
+            # Not ignored while workers start: they would inherit it.
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+            with pytest.raises(SystemExit) as exited:
+                signals.running()  # the held SIGTERM acts first
+            assert exited.value.code == 128 + signal.SIGTERM
+            signal.raise_signal(signal.SIGTERM)  # ignored: the workers' stop
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with _caller_signals() as held:
-            held.starting = False
-            with pytest.raises(SystemExit) as exited:
-                signal.raise_signal(signal.SIGTERM)
-            assert exited.value.code == 128 + signal.SIGTERM
-        # A handler of the caller's own stays in place.
+        with _CallerSignals() as signals:
+            signals.running()
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        # A handler of the caller's own: held while starting, then its own.
         seen = []
-        signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
-        with _caller_signals() as held:
+
+        def own(signum, frame):
+            seen.append(signum)
+
+        signal.signal(signal.SIGTERM, own)
+        with _CallerSignals() as signals:
             signal.raise_signal(signal.SIGTERM)
-        assert seen == [signal.SIGTERM] and held == []
+            assert seen == []
+            signals.running()
+            assert seen == [signal.SIGTERM]
+            assert signal.getsignal(signal.SIGTERM) is own
+        assert signal.getsignal(signal.SIGTERM) is own
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, previous_int)

@@ -12,7 +12,6 @@ model of the steps completed, as in one process). Numeric arrays travel in
 shared memory, a whole memory map by its file name, anything else pickled.
 """
 
-import contextlib
 import inspect
 import math
 import mmap
@@ -52,6 +51,10 @@ _PEER_GRACE_SECONDS = 30
 # After a Ctrl-C, the workers finish their step and keep their model: they
 # get this long before they are stopped.
 _INTERRUPT_GRACE_SECONDS = 60
+
+# A stopped worker gets this long to end after SIGTERM, then it is killed
+# (one that ignores SIGTERM, or is stuck in a call, would hold the caller).
+_STOP_SECONDS = 10
 
 
 def resolve_devices(devices):
@@ -207,7 +210,7 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
             shared,
             portable_filters(),
         )
-        with _caller_signals() as held:
+        with _CallerSignals() as signals:
             processes = mp.start_processes(
                 _worker,
                 args=args,
@@ -215,7 +218,7 @@ def fit_on_devices(estimator, devices, X, y, fit_params):
                 join=False,
                 start_method="spawn",
             )
-            interrupted = _join(processes, folder, held)
+            interrupted = _join(processes, folder, signals)
         outcomes = [_outcome(folder, rank) for rank in range(len(devices))]
     error = _original_error(outcomes)
     if interrupted and not isinstance(error, KeyboardInterrupt):
@@ -256,10 +259,10 @@ def warn_again(warned):
             warnings.warn_explicit(message, category, filename, lineno, module)
 
 
-def _join(processes, folder, held):
+def _join(processes, folder, signals):
     """Wait for the workers; on a Ctrl-C, let them keep their models first.
-    A signal ``held`` while they started (see :func:`_caller_signals`) acts
-    at once.
+    A signal held while they started (see :class:`_CallerSignals`) acts at
+    once.
 
     Returns
     -------
@@ -268,12 +271,8 @@ def _join(processes, folder, held):
     """
     n_devices = len(processes.processes)
     try:
-        # From here a signal raises (inside this try); one held before acts now.
-        held.starting = False
-        if signal.SIGTERM in held:
-            raise SystemExit(128 + signal.SIGTERM)
-        if held:
-            raise KeyboardInterrupt
+        # From here a signal raises inside this try; one held acts now.
+        signals.running()
         _wait(processes, folder)
     except KeyboardInterrupt:
         _interrupt(processes)
@@ -297,54 +296,67 @@ def _join(processes, folder, held):
     return False
 
 
-class _Held(list):
-    """The signals :func:`_caller_signals` held while the workers started."""
-
-    starting = True
-
-
-@contextlib.contextmanager
-def _caller_signals():
+class _CallerSignals:
     """The caller's Ctrl-C and SIGTERM while its workers start and run.
 
-    While they start (until ``held.starting`` is set False), both are held
-    in the yielded list: one that came between two starts would leave the
-    started workers waiting at the rendezvous (they have a process group of
-    their own, which neither a terminal's Ctrl-C nor a scheduler's SIGTERM
-    to the caller reaches). Then a Ctrl-C raises ``KeyboardInterrupt`` as
-    usual, and a SIGTERM (a job scheduler's time limit, a ``kill``)
-    ``SystemExit(143)``, so that the workers are stopped and the temporary
-    folder removed on the way out, where Python's default would end the
-    caller alone. A second SIGTERM is ignored, not to cut that stop short.
-    Handlers of the caller's own stay in place, as does every handler
-    outside the main thread (which cannot set one).
+    While they start, both are held, whatever the handlers (one that came
+    between two starts would leave the started workers waiting at the
+    rendezvous: they have a process group of their own, which neither a
+    terminal's Ctrl-C nor a scheduler's SIGTERM to the caller reaches).
+    :meth:`running` then acts on what was held, inside the wait's ``try``,
+    and from there a signal whose handler was Python's default raises:
+    a Ctrl-C ``KeyboardInterrupt``, a SIGTERM (a job scheduler's time limit,
+    a ``kill``) ``SystemExit(143)``, so that the workers are stopped and the
+    temporary folder removed on the way out, where Python's default would
+    end the caller alone; a second SIGTERM is then ignored, not to cut that
+    stop short. A handler of the caller's own gets its signals back (a held
+    one raised again). Outside the main thread nothing changes (no handler
+    can be set there).
     """
-    held = _Held()
-    defaults = {
+
+    _DEFAULTS = {
         signal.SIGINT: signal.default_int_handler,
         signal.SIGTERM: signal.SIG_DFL,
     }
-    if threading.current_thread() is not threading.main_thread():
-        defaults = {}
-    ours = [n for n, default in defaults.items() if signal.getsignal(n) is default]
 
-    def on_signal(signum, frame):
-        if signum == signal.SIGTERM:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if held.starting:
-            held.append(signum)
+    def __init__(self):
+        self.held, self.starting, self.previous = [], True, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in self._DEFAULTS:
+                # None: a handler set outside Python, which cannot be put back.
+                if signal.getsignal(signum) is not None:
+                    self.previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum, frame):
+        if self.starting:
+            # Only recorded: a worker started after an ignore would inherit it.
+            self.held.append(signum)
         elif signum == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             raise SystemExit(128 + signum)
         else:
             raise KeyboardInterrupt
 
-    for signum in ours:
-        signal.signal(signum, on_signal)
-    try:
-        yield held
-    finally:
-        for signum in ours:
-            signal.signal(signum, defaults[signum])
+    def running(self):
+        """The workers have started: hand a handler of the caller's own its
+        signals back (a held one raised again), and act on a held signal
+        whose handler was the default."""
+        self.starting = False
+        for signum, handler in self.previous.items():
+            if handler is not self._DEFAULTS[signum]:
+                signal.signal(signum, handler)
+                if signum in self.held:
+                    signal.raise_signal(signum)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            if signum in self.held and self.previous[signum] is self._DEFAULTS[signum]:
+                self._on_signal(signum, None)
 
 
 def _wait(processes, folder):
@@ -438,7 +450,10 @@ def _stop(processes):
         if process.is_alive():
             process.terminate()
     for process in processes.processes:
-        process.join()
+        process.join(_STOP_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _outcome(folder, rank):
