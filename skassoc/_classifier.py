@@ -476,8 +476,8 @@ class SemiSupervisedAssociationClassifier(
         copied once into shared memory (``/dev/shm``, which containers may
         keep small; a memory map is opened by each process instead).
         Networks with batch norm are refused. Under ``torchrun`` leave it
-        None: a fit in a process of an initialized ``torch.distributed``
-        group trains with the group. ``StackedGridSearchCV`` trains its
+        None (several devices are refused there): a fit in a process of an
+        initialized ``torch.distributed`` group trains with the group. ``StackedGridSearchCV`` trains its
         folds' candidates in one process (its refit uses ``devices``).
     resume_from : str, os.PathLike or RunStore, default=None
         Where ``fit`` starts from. A path: the model file (a checkpoint, see
