@@ -477,8 +477,9 @@ class SemiSupervisedAssociationClassifier(
         keep small; a memory map is opened by each process instead).
         Networks with batch norm are refused. Under ``torchrun`` leave it
         None (several devices are refused there): a fit in a process of an
-        initialized ``torch.distributed`` group trains with the group. ``StackedGridSearchCV`` trains its
-        folds' candidates in one process (its refit uses ``devices``).
+        initialized ``torch.distributed`` group trains with the group.
+        ``StackedGridSearchCV`` trains its folds' candidates in one process
+        (its refit uses ``devices``).
     resume_from : str, os.PathLike or RunStore, default=None
         Where ``fit`` starts from. A path: the model file (a checkpoint, see
         :class:`~skassoc.callbacks.Checkpoint`) whose run it continues, or
