@@ -212,12 +212,13 @@ def has_low_visit(runs):
 
 def _flagged_by(low_visit):
     """The caption's list of what flags a draw."""
-    rules = ['the verdict ("suspect")', "class_share_ratio above two other thresholds"]
+    rules = ['the verdict ("suspect")']
     if low_visit:
         rules.append(
             "the verdict's share rule alone (without the excess_class_low_visit "
             "margin that clears a clearly better visited class)"
         )
+    rules.append("class_share_ratio above two other thresholds")
     return "by " + ", by ".join(rules[:-1]) + f" and by {rules[-1]}."
 
 
@@ -270,13 +271,9 @@ def _group(run, held_out_from):
     return run["recipe"], held_out
 
 
-def diagnosis_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
-    """Per recipe (held-out draws apart): flagged failed and good draws, and
-    each score's AUC (with the share rule's own columns where every report
-    has the low-visit score). ``held_out_from`` maps a recipe to its first
-    held-out draw (see :data:`HELD_OUT_FROM`)."""
-    low_visit = has_low_visit(runs)
-    rows = []
+def _row_groups(runs, failing_above, held_out_from):
+    """Each table row's label (recipe, held-out draws apart), and its failed
+    and good runs."""
     for group in sorted({_group(r, held_out_from) for r in runs}):
         recipe, held_out = group
         mine = [r for r in runs if _group(r, held_out_from) == group]
@@ -284,23 +281,40 @@ def diagnosis_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
             recipe = f"{recipe}, held out (draws {draw_spans(r['draw'] for r in mine)})"
         bad = [r for r in mine if r["test_error_percent"] > failing_above]
         good = [r for r in mine if r["test_error_percent"] <= failing_above]
-        cells = [
-            recipe,
-            str(len(mine)),
-            _flags(bad, is_suspect),
-            _flags(good, is_suspect),
-            _excess_classes(bad),
-            _excess_classes(good),
-        ]
+        yield recipe, bad, good
+
+
+def diagnosis_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
+    """Per recipe (held-out draws apart): the draws, and the failed and good
+    ones flagged by the verdict, by the share rule alone (where every
+    report has the low-visit score) and by the ratio thresholds.
+    ``held_out_from`` maps a recipe to its first held-out draw (see
+    :data:`HELD_OUT_FROM`)."""
+    low_visit = has_low_visit(runs)
+    rows = []
+    for recipe, bad, good in _row_groups(runs, failing_above, held_out_from):
+        cells = [recipe, str(len(bad) + len(good))]
+        cells += [_flags(bad, is_suspect), _flags(good, is_suspect)]
+        if low_visit:
+            cells += [_flags(bad, share_excess), _flags(good, share_excess)]
         for threshold in RATIO_THRESHOLDS:
 
             def rule(scores, t=threshold):
                 return scores["class_share_ratio"] > t
 
             cells += [_flags(bad, rule), _flags(good, rule)]
-        if low_visit:
-            cells += [_flags(bad, share_excess), _flags(good, share_excess)]
-        for score in _shown_scores(low_visit):
+        rows.append(cells)
+    return rows
+
+
+def score_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
+    """Per row of :func:`diagnosis_rows`: the class each flagged draw blames,
+    and each score's AUC (the low-visit one where every report has it)."""
+    shown = _shown_scores(has_low_visit(runs))
+    rows = []
+    for recipe, bad, good in _row_groups(runs, failing_above, held_out_from):
+        cells = [recipe, _excess_classes(bad), _excess_classes(good)]
+        for score in shown:
             auc = roc_auc(_finite_scores(bad, score), _finite_scores(good, score))
             cells.append(h.fmt(auc))
         rows.append(cells)
@@ -352,32 +366,32 @@ def render(results, failing_above):
     commands = h.commands_text(results["meta"])
     parts = []
     if reported:
-        header = ["recipe", "draws", "verdict: failed", "verdict: good"]
-        header += ["class blamed: failed", "class blamed: good"]
-        for threshold in RATIO_THRESHOLDS:
-            header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
+        held_out_from = results["meta"].get("held_out_from", HELD_OUT_FROM)
         low_visit = has_low_visit(reported)
+        header = ["recipe", "draws", "verdict: failed", "verdict: good"]
         if low_visit:
             header += ["shares alone: failed", "shares alone: good"]
+        for threshold in RATIO_THRESHOLDS:
+            header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
         diagnosis = h.rst_table(
-            header + [f"AUC {s}" for s in _shown_scores(low_visit)],
-            diagnosis_rows(
-                reported,
-                failing_above,
-                results["meta"].get("held_out_from", HELD_OUT_FROM),
-            ),
+            header, diagnosis_rows(reported, failing_above, held_out_from)
+        )
+        scores = h.rst_table(
+            ["recipe", "class blamed: failed", "class blamed: good"]
+            + [f"AUC {s}" for s in _shown_scores(low_visit)],
+            score_rows(reported, failing_above, held_out_from),
         )
         parts.append(
             f".. rubric:: {results['meta'].get('title', DIAGNOSIS_TITLE)}\n\n"
             "MNIST, 10 labels a class; a draw fails when its test error is above "
             f"{failing_above} %. Flagged draws (failed, then good ones): "
             + _flagged_by(low_visit)
-            + " Class blamed: the class of the largest share excess of each "
-            "draw the verdict flags, as class: draws. AUC: the probability "
-            "that a failed draw's score is above a good one's. Made by "
-            f"{commands}. "
+            + f" Made by {commands}. "
             + results["meta"].get("report_runs_note", "")
-            + f"\n\n{diagnosis}\n"
+            + f"\n\n{diagnosis}\n\n"
+            "Class blamed: the class of the largest share excess of each draw "
+            "the verdict flags, as class: draws. AUC: the probability that a "
+            f"failed draw's score is above a good one's.\n\n{scores}\n"
         )
     if refitted:
         suggestions = h.rst_table(

@@ -600,18 +600,22 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
     runs = [run(0, 0.5, 1.05), run(1, 2.0, 1.15)]
     runs += [run(held_out + 5, 0.5, 1.12), run(held_out + 6, 2.0, 1.16)]
     rows = trust.diagnosis_rows(runs, failing_above=1.5)
+    label = f"consistency, held out (draws {held_out + 5}-{held_out + 6})"
+    assert [row[:4] for row in rows] == [
+        ["consistency", "2", "1 / 1", "0 / 1"],
+        [label, "2", "1 / 1", "1 / 1"],
+    ]
     # Flagged runs blame class 1, whose share is above the others'.
-    assert [row[:6] for row in rows] == [
-        ["consistency", "2", "1 / 1", "0 / 1", "1: 1", "none"],
-        [f"consistency, held out (draws {held_out + 5}-{held_out + 6})", "2"]
-        + ["1 / 1", "1 / 1", "1: 1", "1: 1"],
+    assert [row[:3] for row in trust.score_rows(runs, failing_above=1.5)] == [
+        ["consistency", "1: 1", "none"],
+        [label, "1: 1", "1: 1"],
     ]
     # A clearly better visited excess class clears the verdict, not the
     # "shares alone" columns; without the score (an older report), those
     # columns are left out.
     runs[1]["fit_report"]["scores"]["excess_class_low_visit"] = -0.02
     rows = trust.diagnosis_rows(runs, failing_above=1.5)
-    assert [row[2:4] + row[10:12] for row in rows] == [
+    assert [row[2:6] for row in rows] == [
         ["0 / 1", "0 / 1", "1 / 1", "0 / 1"],
         ["1 / 1", "1 / 1", "1 / 1", "1 / 1"],
     ]
@@ -623,7 +627,8 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
     ]
     for r in runs:
         del r["fit_report"]["scores"]["excess_class_low_visit"]
-    assert len(trust.diagnosis_rows(runs, failing_above=1.5)[0]) == len(rows[0]) - 3
+    assert len(trust.diagnosis_rows(runs, failing_above=1.5)[0]) == len(rows[0]) - 2
+    assert len(trust.score_rows(runs, failing_above=1.5)[0]) == 3 + 4  # AUCs
 
 
 def test_trust_table_spans_runs_of_draws_as_the_command_line_reads_them(bench):
