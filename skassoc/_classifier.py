@@ -774,6 +774,7 @@ class SemiSupervisedAssociationClassifier(
             previous=start.previous,
             validation=validation,
             loss_weights=classification_weights(self.class_weight, inputs),
+            group=group,
         )
         if result.failed_at is not None:
             raise NonFiniteLossError(non_finite_message(result.failed_at))

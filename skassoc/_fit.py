@@ -25,9 +25,7 @@ from ._engine._device import seeded_rng, torch_threads
 from ._engine._loop import Member, train
 from ._engine._runner import (
     DeviceRunner,
-    check_backend,
     check_same_everywhere,
-    default_group,
     raised_together,
 )
 from ._engine._step import has_batch_norm
@@ -54,7 +52,14 @@ def continued_run(previous, max_iter):
 
 
 def train_estimators(
-    estimators, inputs, settings, *, previous=None, validation=None, loss_weights=None
+    estimators,
+    inputs,
+    settings,
+    *,
+    previous=None,
+    validation=None,
+    loss_weights=None,
+    group=None,
 ):
     """Train a model for each estimator in one run; set their fitted states.
 
@@ -71,6 +76,10 @@ def train_estimators(
         Scored during training (and early stopping's set).
     loss_weights : ndarray of shape (n_samples,), optional
         Factors of the samples' classification losses.
+    group : torch.distributed.ProcessGroup, optional
+        Train the one estimator data-parallel with the processes of
+        ``group`` (whose seed they agreed on). Stacked candidates train in
+        each process on its own.
 
     Returns
     -------
@@ -80,13 +89,10 @@ def train_estimators(
         interrupted or a callback raised: the caller raises afterwards).
     """
     device = settings.device
-    # Several processes train one model data-parallel; stacked candidates
-    # train in each process on its own.
-    group = default_group() if len(estimators) == 1 else None
-    # Devices and callbacks may differ between processes: so may their
-    # checks' outcome.
-    with raised_together(group, "the checks of their device and callbacks"):
-        check_backend(device, group)
+    if group is not None and len(estimators) > 1:
+        raise ValueError("Stacked candidates do not train data-parallel.")
+    # Callbacks may differ between processes: so may their checks' outcome.
+    with raised_together(group, "the checks of their callbacks"):
         for estimator in estimators:
             check_callbacks(estimator.callbacks)
     if group is not None:
