@@ -130,6 +130,20 @@ WORKER = textwrap.dedent(
             SemiSupervisedAssociationClassifier(**mine).fit(X, y)
         except Exception as exc:
             results[name] = [type(exc).__name__, str(exc)]
+    # A stacked search trains in each process on its own, even with one
+    # candidate (its processes' seeds differ here).
+    from skassoc.model_selection import (
+        SemiSupervisedStratifiedKFold,
+        StackedGridSearchCV,
+    )
+
+    alone = SemiSupervisedAssociationClassifier(
+        **{**params, "max_iter": 5, "random_state": rank}
+    )
+    search = StackedGridSearchCV(
+        alone, {"visit_weight": [1.0]}, cv=SemiSupervisedStratifiedKFold(2), refit=False
+    )
+    results["stacked"] = search.fit(X, y).cv_results_["mean_test_score"].tolist()
     # The fit of ``fitted`` again, after a failed one: as a torchrun script
     # fits one estimator after another in one group.
     again = SemiSupervisedAssociationClassifier(**params, max_iter=30).fit(X, y)
@@ -253,6 +267,15 @@ def test_a_callbacks_ctrl_c_in_one_process_stops_all_at_one_step_with_the_model(
         True,
         True,
     ]
+
+
+def test_a_stacked_search_does_not_join_the_group(two_processes):
+    """Under torchrun, a one-candidate search of other seeds per process
+    trains in each process alone, as stacked candidates always do (its
+    refit is a fit like any other, which trains with the group)."""
+    _, results = two_processes
+    for rank in range(2):
+        assert np.isfinite(results[rank]["stacked"]).all()
 
 
 def test_processes_given_different_data_are_refused(two_processes):
