@@ -812,14 +812,14 @@ class SemiSupervisedAssociationClassifier(
     def _check_device(self, group):
         """Refuse a device this process lacks or its group's backend does
         not serve, and ``devices`` in a process of a group."""
-        if group is not None and self.devices is not None:
-            if len(resolve_devices(self.devices)) > 1:
-                raise ValueError(
-                    f"devices={self.devices!r} starts a process per device, but "
-                    "this process is one of an initialized torch.distributed "
-                    "group (torchrun), whose processes train this fit together "
-                    "already. Leave devices=None under torchrun."
-                )
+        in_group = group is not None and self.devices is not None
+        if in_group and len(resolve_devices(self.devices)) > 1:
+            raise ValueError(
+                f"devices={self.devices!r} starts a process per device, but "
+                "this process is one of an initialized torch.distributed "
+                "group (torchrun), whose processes train this fit together "
+                "already. Leave devices=None under torchrun."
+            )
         check_backend(fit_device(self), group)
 
     def _fit_seed(self, group):

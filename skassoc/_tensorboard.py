@@ -104,7 +104,7 @@ class TensorBoard(Callback):
         the same curves again."""
         summary_writer = _summary_writer_class()
         self._close()
-        if getattr(run, "rank", 0) != 0:  # a duck-typed run has one process
+        if run.rank != 0:
             return
         log_dir = None if self.log_dir is None else os.fspath(self.log_dir)
         self._writer = summary_writer(

@@ -267,6 +267,7 @@ def test_an_estimator_that_cannot_be_saved_is_refused_at_fit_begin(tmp_path):
     run = types.SimpleNamespace(
         estimator=SemiSupervisedAssociationClassifier(network=nn.Linear(4, 8)),
         step=0,
+        rank=0,
     )
     with pytest.raises(ValueError, match="built-in network"):
         Checkpoint(tmp_path / "c.skassoc").on_fit_begin(run)
@@ -277,7 +278,10 @@ def test_a_failed_run_writes_no_last_checkpoint(tmp_path):
         raise AssertionError("a failed run is not saved")
 
     run = types.SimpleNamespace(
-        estimator=SemiSupervisedAssociationClassifier(), step=0, snapshot=snapshot
+        estimator=SemiSupervisedAssociationClassifier(),
+        step=0,
+        snapshot=snapshot,
+        rank=0,
     )
     checkpoint = Checkpoint(tmp_path / "c.skassoc", every=10)
     checkpoint.on_fit_begin(run)

@@ -326,32 +326,40 @@ class TouchesWhenTraining(Callback):
         open(self.path, "a").close()
 
 
+def _signalled_once_training(tmp_path, signum):
+    """A ``devices`` estimator of a long fit, and the file its workers
+    create at their first log point; a thread sends ``signum`` to this
+    process alone once it exists."""
+    training = tmp_path / "training"
+    clf = SemiSupervisedAssociationClassifier(
+        **PARAMS,
+        max_iter=20_000,
+        callbacks=[TouchesWhenTraining(training)],
+        devices=["cpu", "cpu"],
+    )
+
+    def signal_once_training():
+        deadline = time.monotonic() + 120
+        while not training.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signum)  # this process only
+
+    threading.Thread(target=signal_once_training, daemon=True).start()
+    return clf, training
+
+
 def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
     blobs_for_workers, tmp_path
 ):
     """As a notebook's interrupt does: the workers never see the terminal's."""
 
     X, y = blobs_for_workers
-    training = tmp_path / "training"
-    params = {
-        **PARAMS,
-        "max_iter": 20_000,
-        "callbacks": [TouchesWhenTraining(training)],
-    }
-    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
-
-    def interrupt_once_training():
-        deadline = time.monotonic() + 120
-        while not training.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)  # this process only
-
-    threading.Thread(target=interrupt_once_training, daemon=True).start()
+    clf, training = _signalled_once_training(tmp_path, signal.SIGINT)
     with pytest.raises(KeyboardInterrupt, match="interrupted after"):
         clf.fit(X, y)
     assert not multiprocessing.active_children()
     # The model of the steps completed, as after a Ctrl-C in one process.
-    assert 0 < clf.n_iter_ < params["max_iter"]
+    assert 0 < clf.n_iter_ < clf.max_iter
 
 
 @pytest.mark.parametrize(
@@ -434,24 +442,10 @@ def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(
     leaves neither running workers nor their temporary folder behind."""
 
     X, y = blobs_for_workers
-    training = tmp_path / "training"
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
-    params = {
-        **PARAMS,
-        "max_iter": 20_000,
-        "callbacks": [TouchesWhenTraining(training)],
-    }
-    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
-
-    def terminate_once_training():
-        deadline = time.monotonic() + 120
-        while not training.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=terminate_once_training, daemon=True).start()
+    clf, training = _signalled_once_training(tmp_path, signal.SIGTERM)
     with pytest.raises(SystemExit) as exited:
         clf.fit(X, y)
     assert exited.value.code == 128 + signal.SIGTERM
@@ -463,10 +457,11 @@ def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(
 
 
 def test_the_first_error_caught_is_the_one_raised():
+    from skassoc._engine._runner import from_another_process
     from skassoc._engine._spawn import Outcome, _original_error
 
-    late, early, told = OSError("late"), ValueError("early"), RuntimeError("peer")
-    told.from_another_process = True
+    late, early = OSError("late"), ValueError("early")
+    told = from_another_process(RuntimeError("peer"))
     outcomes = [
         Outcome(None, late, 2.0),
         Outcome(None, None),

@@ -320,9 +320,15 @@ def _agree(failed, group, what):
 
 def from_another_process(error):
     """Mark ``error`` as this process's news of another's failure:
-    ``devices=[...]`` raises the original error in the caller, not this."""
+    ``devices=[...]`` raises the original error in the caller, not this
+    (see :func:`is_from_another_process`)."""
     error.from_another_process = True
     return error
+
+
+def is_from_another_process(error):
+    """Whether :func:`from_another_process` marked ``error``."""
+    return getattr(error, "from_another_process", False)
 
 
 def check_same_everywhere(summary, group, what):

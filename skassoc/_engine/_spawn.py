@@ -36,6 +36,7 @@ from .._fitted import get_fitted_state, is_fitted
 from .._io._atomic import write_atomically
 from .._utils import user_stacklevel
 from ._device import resolve_device
+from ._runner import is_from_another_process
 
 __all__ = ["resolve_devices", "fit_on_devices", "warn_again"]
 
@@ -237,9 +238,7 @@ def _original_error(outcomes):
     failed = [o for o in outcomes if o.error is not None]
     if not failed:
         return None
-    original = [
-        o for o in failed if not getattr(o.error, "from_another_process", False)
-    ]
+    original = [o for o in failed if not is_from_another_process(o.error)]
     # A process that ended without its result has no time: it comes last.
     first = min(
         original or failed,
@@ -363,26 +362,29 @@ def _wait(processes, folder):
     """Until every worker has ended, or one ended with an error and the
     others had :data:`_PEER_GRACE_SECONDS` to follow (then they are
     stopped: their outcomes count as missing, the first error is raised)."""
-    deadline = None
+    deadline, read = None, set()
     while not processes.join(timeout=1):
-        if deadline is None and _one_failed(processes, folder):
+        if deadline is None and _one_failed(processes, folder, read):
             deadline = time.monotonic() + _PEER_GRACE_SECONDS
         if deadline is not None and time.monotonic() > deadline:
             _stop(processes)
             return
 
 
-def _one_failed(processes, folder):
-    """Whether a worker has ended and written an error."""
+def _one_failed(processes, folder, read):
+    """Whether a worker has ended and written an error. ``read`` holds the
+    ranks whose outcome was read already, without one (each is read once:
+    process 0's holds the fitted model)."""
     none = pickle.dumps(None)
     for rank, process in enumerate(processes.processes):
         path = _outcome_path(folder, rank)
-        if process.is_alive() or not os.path.isfile(path):
+        if rank in read or process.is_alive() or not os.path.isfile(path):
             continue
         with open(path, "rb") as handle:
             # Written by this fit's own worker; the error itself stays bytes.
             if pickle.load(handle)[1] != none:
                 return True
+        read.add(rank)
     return False
 
 

@@ -117,7 +117,7 @@ class Checkpoint(Callback):
         """Check the arguments and the estimator; start counting steps (in
         process 0 of a data-parallel fit: the others hold the same model)."""
         self._last_written = None
-        if getattr(run, "rank", 0) != 0:  # a duck-typed run has one process
+        if run.rank != 0:
             return
         validate_parameter_constraints(
             _CONSTRAINTS,
