@@ -53,6 +53,29 @@ DATA_PARALLEL_PARAMS = types.MappingProxyType(
 )
 
 
+#: Whether the data-parallel tests also run their NCCL variant (two GPUs:
+#: a process each) besides the gloo one (two CPU processes).
+TWO_GPUS = torch.cuda.device_count() >= 2
+#: The backends of those tests, as ``pytest.mark.parametrize`` values.
+BACKENDS = [
+    "gloo",
+    pytest.param(
+        "nccl", marks=pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")
+    ),
+]
+
+
+def data_parallel_params(backend, rank=0):
+    """``DATA_PARALLEL_PARAMS`` for process ``rank`` of a ``backend`` pair.
+
+    NCCL processes train on GPU ``rank`` in float32, so that they are
+    compared with one GPU process within float rounding, not bf16's.
+    """
+    if backend == "gloo":
+        return dict(DATA_PARALLEL_PARAMS)
+    return {**DATA_PARALLEL_PARAMS, "device": f"cuda:{rank}", "precision": "fp32"}
+
+
 @pytest.fixture(scope="module")
 def blobs_for_workers():
     """Blobs whose first 30 samples are labeled, as the workers make them."""

@@ -1,4 +1,5 @@
-"""One fit over several processes (torch.distributed): 2 gloo processes on CPU.
+"""One fit over several processes (torch.distributed): 2 gloo processes on
+CPU, and 2 NCCL processes on two GPUs where there are two.
 
 Each process calls ``fit`` on the same data, as under ``torchrun``; they
 embed a share of every step's batch each, gather the embeddings and average
@@ -14,11 +15,9 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_PARALLEL_PARAMS
+from conftest import BACKENDS, data_parallel_params
 
 from skassoc import SemiSupervisedAssociationClassifier
-
-PARAMS = dict(DATA_PARALLEL_PARAMS)
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is missing"
@@ -32,12 +31,16 @@ WORKER = textwrap.dedent(
     from skassoc import SemiSupervisedAssociationClassifier
     from skassoc.callbacks import Callback, Checkpoint
 
-    rank, world, rendezvous, out, params = sys.argv[1:6]
+    rank, world, rendezvous, out, params, backend = sys.argv[1:7]
     rank, world, params = int(rank), int(world), json.loads(params)
     torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method="file://" + rendezvous, rank=rank, world_size=world
+        backend, init_method="file://" + rendezvous, rank=rank, world_size=world
     )
+    # A device the group cannot serve, for process 1 alone.
+    unserved = "cpu" if backend == "nccl" else "cuda:0"
     X, y = make_blobs(150, centers=3, n_features=5, random_state=0)
     y[30:] = -1
 
@@ -121,7 +124,7 @@ WORKER = textwrap.dedent(
     for name, value in [
         ("resume_from", f"{out}/missing.skassoc"),
         ("callbacks", [1]),
-        ("device", "cuda:0"),
+        ("device", unserved),
         ("devices", ["cpu", "cpu"]),
         ("verbose", "loud"),
     ]:
@@ -159,10 +162,12 @@ WORKER = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
-    """Run the worker in 2 gloo processes; their results, by rank."""
-    out = tmp_path_factory.mktemp("data_parallel")
+@pytest.fixture(scope="module", params=BACKENDS)
+def two_processes(request, tmp_path_factory):
+    """Run the worker in 2 processes of a backend; the folder of their
+    files, their results by rank, and the backend."""
+    backend = request.param
+    out = tmp_path_factory.mktemp(f"data_parallel_{backend}")
     rendezvous = out / "rendezvous"
     processes = [
         subprocess.Popen(
@@ -174,7 +179,8 @@ def two_processes(tmp_path_factory):
                 "2",
                 str(rendezvous),
                 str(out),
-                json.dumps(PARAMS),
+                json.dumps(data_parallel_params(backend, rank)),
+                backend,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -185,41 +191,62 @@ def two_processes(tmp_path_factory):
     logs = [process.communicate(timeout=180)[0] for process in processes]
     for process, log in zip(processes, logs, strict=True):
         assert process.returncode == 0, log
-    return out, [json.loads((out / f"results{r}.json").read_text()) for r in range(2)]
+    results = [json.loads((out / f"results{r}.json").read_text()) for r in range(2)]
+    return out, results, backend
+
+
+def one_process(backend, **params):
+    """The estimator of the processes' fit, fitted in this process alone
+    (on the first GPU for NCCL's pair)."""
+    return SemiSupervisedAssociationClassifier(
+        **data_parallel_params(backend), **params
+    )
+
+
+def load(path):
+    return torch.load(path, map_location="cpu")
+
+
+def close(backend):
+    """Tolerances of one process against several: float rounding on two
+    CPU cores (one thread each); GPU reductions in other orders."""
+    if backend == "gloo":
+        return dict(rtol=1e-5, atol=1e-7)
+    return dict(rtol=1e-4, atol=1e-6)
 
 
 def test_gradients_of_the_first_step_are_those_of_one_process(
     two_processes, blobs_for_workers
 ):
     """Adam's first moment after one step is a tenth of the gradient."""
-    out, _ = two_processes
+    out, _, backend = two_processes
     X, y = blobs_for_workers
-    one = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=1).fit(X, y)
+    one = one_process(backend, max_iter=1).fit(X, y)
     for rank in range(2):
-        moments = torch.load(out / f"first{rank}.pt")
+        moments = load(out / f"first{rank}.pt")
         for name, moment in one.training_state_.exp_avg.items():
-            torch.testing.assert_close(moments[name], moment, rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(moments[name], moment.cpu(), **close(backend))
 
 
 def test_each_process_embeds_its_share_of_the_batch(two_processes):
     """Not the whole batch each: the shares differ by a row at most and add
     up to the batch (labeled 3 x 3, unlabeled 31, its second view 31)."""
-    _, results = two_processes
+    _, results, _ = two_processes
     shares = [results[rank]["rows"][0] for rank in range(2)]
     assert sum(shares) == 3 * 3 + 2 * 31
     assert abs(shares[0] - shares[1]) <= 1
 
 
 def test_the_processes_train_the_model_of_one_process(two_processes, blobs_for_workers):
-    out, results = two_processes
+    out, results, backend = two_processes
     X, y = blobs_for_workers
-    one = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=30).fit(X, y)
-    weights = [torch.load(out / f"weights{rank}.pt") for rank in range(2)]
+    one = one_process(backend, max_iter=30).fit(X, y)
+    weights = [load(out / f"weights{rank}.pt") for rank in range(2)]
     for name, tensor in one.model_.state_dict().items():
         # Every process ends with the same model...
         assert torch.equal(weights[0][name], weights[1][name])
         # ... that of one process on the whole batch, up to float rounding.
-        torch.testing.assert_close(weights[0][name], tensor, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(weights[0][name], tensor.cpu(), rtol=1e-4, atol=1e-5)
     for name in ("total", "walker", "visit", "logit"):
         np.testing.assert_allclose(
             results[0]["history"][name], one.history_[name], rtol=1e-4
@@ -230,7 +257,7 @@ def test_the_processes_train_the_model_of_one_process(two_processes, blobs_for_w
 def test_callbacks_know_their_process_and_process_0_alone_checkpoints(
     two_processes,
 ):
-    out, results = two_processes
+    out, results, _ = two_processes
     assert [results[rank]["run_rank"] for rank in range(2)] == [[0, 2], [1, 2]]
     written = sorted(path.name for path in out.glob("checkpoint*"))
     assert written == [f"checkpoint0-{step}.skassoc" for step in (10, 20, 30)]
@@ -238,17 +265,26 @@ def test_callbacks_know_their_process_and_process_0_alone_checkpoints(
 
 def test_a_later_fit_in_the_group_trains_what_an_earlier_one_did(two_processes):
     """Nothing of the fits before it (one of them failed) reaches a fit."""
-    out, results = two_processes
+    out, results, backend = two_processes
     for rank in range(2):
-        weights = torch.load(out / f"weights{rank}.pt")
-        again = torch.load(out / f"again{rank}.pt")
-        # One thread a process, gloo: the same operations, the same bits.
-        assert all(torch.equal(again[name], weights[name]) for name in weights)
-        assert results[rank]["history_again"] == results[rank]["history"]
+        weights = load(out / f"weights{rank}.pt")
+        again = load(out / f"again{rank}.pt")
+        if backend == "gloo":
+            # One thread a process: the same operations, the same bits.
+            assert all(torch.equal(again[name], weights[name]) for name in weights)
+            assert results[rank]["history_again"] == results[rank]["history"]
+        else:  # GPU kernels may add in another order from one fit to the next
+            for name in weights:
+                torch.testing.assert_close(again[name], weights[name], **close(backend))
+            np.testing.assert_allclose(
+                results[rank]["history_again"]["total"],
+                results[rank]["history"]["total"],
+                rtol=1e-4,
+            )
 
 
 def test_a_callback_that_raises_in_one_process_stops_every_process(two_processes):
-    _, results = two_processes
+    _, results, _ = two_processes
     assert results[1]["raised"] == ["OSError", "disk full on rank 1"]
     kind, message = results[0]["raised"]
     assert kind == "RuntimeError"
@@ -260,7 +296,7 @@ def test_a_callbacks_ctrl_c_in_one_process_stops_all_at_one_step_with_the_model(
 ):
     """As a Ctrl-C does: every process raises KeyboardInterrupt after the
     log point at which process 1's callback raised, keeping the model."""
-    _, results = two_processes
+    _, results, _ = two_processes
     assert [results[rank].get("interrupted_at") for rank in range(2)] == [10, 10]
     # In on_fit_begin: every process raises it before the first step.
     assert [results[rank].get("interrupted_at_begin") for rank in range(2)] == [
@@ -273,13 +309,13 @@ def test_a_stacked_search_does_not_join_the_group(two_processes):
     """Under torchrun, a one-candidate search of other seeds per process
     trains in each process alone, as stacked candidates always do (its
     refit is a fit like any other, which trains with the group)."""
-    _, results = two_processes
+    _, results, _ = two_processes
     for rank in range(2):
         assert np.isfinite(results[rank]["stacked"]).all()
 
 
 def test_processes_given_different_data_are_refused(two_processes):
-    _, results = two_processes
+    _, results, _ = two_processes
     for rank in range(2):
         assert "different training data" in results[rank]["other_data"]
 
@@ -288,7 +324,7 @@ def test_input_that_fails_its_checks_in_one_process_stops_every_process(
     two_processes,
 ):
     """Rather than leave the others waiting for it in their first collective."""
-    _, results = two_processes
+    _, results, _ = two_processes
     assert "NaN" in results[1]["bad_input"]
     assert (
         "processes [1] of the group failed the checks of their device and input"
@@ -301,7 +337,7 @@ def test_input_that_fails_its_checks_in_one_process_stops_every_process(
     [
         ("resume_from", "ValueError", "their start"),
         ("callbacks", "TypeError", "the checks of their callbacks"),
-        ("device", "CUDA|nccl", "the checks of their device and input"),
+        ("device", "CUDA|nccl|gloo", "the checks of their device and input"),
         ("devices", "Leave devices=None", "the checks of their device and input"),
         ("verbose", "verbose", "the checks of their parameters"),
     ],
@@ -311,7 +347,7 @@ def test_a_setup_that_fails_in_one_process_stops_every_process(
 ):
     """Per-process parameters fail before the first collective in one
     process: that one raises its error, the other one names it."""
-    _, results = two_processes
+    _, results, _ = two_processes
     if error in ("ValueError", "TypeError"):
         assert results[1][name][0] == error
     else:  # its message

@@ -1,5 +1,6 @@
 """``devices=[...]``: a fit that starts a process per device itself (the
-notebook way) and returns as one process would; 2 CPU processes (gloo).
+notebook way) and returns as one process would; 2 CPU processes (gloo),
+and the tests marked so again on two GPUs (NCCL) where there are two.
 
 The processes' training itself is tested in test_data_parallel.py.
 """
@@ -18,7 +19,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_PARALLEL_PARAMS
+from conftest import BACKENDS, DATA_PARALLEL_PARAMS, data_parallel_params
 from sklearn.datasets import make_blobs
 
 from skassoc import SemiSupervisedAssociationClassifier
@@ -32,8 +33,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(params=BACKENDS)
+def pair(request):
+    """``devices`` of two worker processes and their estimator's
+    parameters: two CPU processes (gloo) or two GPUs (NCCL)."""
+    if request.param == "gloo":
+        return ["cpu", "cpu"], dict(PARAMS)
+    return [0, 1], data_parallel_params("nccl")
+
+
 def test_devices_fits_in_a_process_per_device_like_one_process(
-    blobs_for_workers, tmp_path
+    blobs_for_workers, tmp_path, pair
 ):
     """The notebook way: ``devices`` starts the processes itself; a sliced
     memory map of float64 rows and string labels train on the same rows
@@ -45,12 +55,13 @@ def test_devices_fits_in_a_process_per_device_like_one_process(
     whole[10:] = X
     whole.flush()
     sliced = np.memmap(path, dtype=np.float64, mode="r", shape=whole.shape)[10:]
-    params = {**PARAMS, "max_iter": 30}
-    spread = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+    devices, params = pair
+    params["max_iter"] = 30
+    spread = SemiSupervisedAssociationClassifier(**params, devices=devices)
     spread.fit(sliced, y)
     one = SemiSupervisedAssociationClassifier(**params).fit(X, y)
     assert list(spread.classes_) == list(one.classes_) == ["a", "b", "c"]
-    assert spread.n_iter_ == 30 and spread.device_ == torch.device("cpu")
+    assert spread.n_iter_ == 30 and spread.device_ == one.device_
     for name, tensor in one.model_.state_dict().items():
         torch.testing.assert_close(
             spread.model_.state_dict()[name], tensor, rtol=1e-4, atol=1e-5
@@ -59,12 +70,13 @@ def test_devices_fits_in_a_process_per_device_like_one_process(
 
 
 def test_a_failing_worker_raises_in_the_caller_and_changes_nothing(
-    blobs_for_workers,
+    blobs_for_workers, pair
 ):
     X, y = blobs_for_workers
-    clf = SemiSupervisedAssociationClassifier(**PARAMS, max_iter=5).fit(X, y)
+    devices, params = pair
+    clf = SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X, y)
     weights = [t.clone() for t in clf.model_.state_dict().values()]
-    clf.set_params(devices=["cpu", "cpu"], learning_rate=1e30, max_iter=30)
+    clf.set_params(devices=devices, learning_rate=1e30, max_iter=30)
     # The processes' own error, as one process raises it.
     with pytest.raises(NonFiniteLossError, match="NaN or infinite"):
         clf.fit(X, y)
@@ -150,14 +162,27 @@ class FailsInProcessOne(torch.nn.Module):
 
 
 def test_the_error_of_the_process_that_failed_first_reaches_the_caller(
-    blobs_for_workers,
+    blobs_for_workers, pair, monkeypatch
 ):
-    """Not process 0's failed collective (its peer left), which says less."""
+    """Not process 0's failed collective (its peer left), which says less.
+
+    On GPUs, process 0 waits in its NCCL collective (NCCL's timeout is
+    minutes): the caller stops it once the grace after process 1's error
+    has passed.
+    """
+    from skassoc._engine import _spawn
+
+    monkeypatch.setattr(_spawn, "_PEER_GRACE_SECONDS", 5)
     X, y = blobs_for_workers
-    params = {**PARAMS, "network": FailsInProcessOne(), "max_iter": 30}
-    clf = SemiSupervisedAssociationClassifier(**params, devices=["cpu", "cpu"])
+    devices, params = pair
+    # Graph replays would not call the network's forward again.
+    params.update(network=FailsInProcessOne(), max_iter=30, cuda_graph=False)
+    clf = SemiSupervisedAssociationClassifier(**params, devices=devices)
+    start = time.monotonic()
     with pytest.raises(torch.OutOfMemoryError, match="out of memory in process 1"):
         clf.fit(X, y)
+    assert time.monotonic() - start < 60
+    assert not multiprocessing.active_children()
 
 
 class FailsOneWaitsZero(torch.nn.Module):
@@ -326,16 +351,17 @@ class TouchesWhenTraining(Callback):
         open(self.path, "a").close()
 
 
-def _signalled_once_training(tmp_path, signum):
+def _signalled_once_training(tmp_path, signum, pair):
     """A ``devices`` estimator of a long fit, and the file its workers
     create at their first log point; a thread sends ``signum`` to this
     process alone once it exists."""
     training = tmp_path / "training"
+    devices, params = pair
     clf = SemiSupervisedAssociationClassifier(
-        **PARAMS,
+        **params,
         max_iter=20_000,
         callbacks=[TouchesWhenTraining(training)],
-        devices=["cpu", "cpu"],
+        devices=devices,
     )
 
     def signal_once_training():
@@ -349,12 +375,12 @@ def _signalled_once_training(tmp_path, signum):
 
 
 def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
-    blobs_for_workers, tmp_path
+    blobs_for_workers, tmp_path, pair
 ):
     """As a notebook's interrupt does: the workers never see the terminal's."""
 
     X, y = blobs_for_workers
-    clf, training = _signalled_once_training(tmp_path, signal.SIGINT)
+    clf, training = _signalled_once_training(tmp_path, signal.SIGINT, pair)
     with pytest.raises(KeyboardInterrupt, match="interrupted after"):
         clf.fit(X, y)
     assert not multiprocessing.active_children()
@@ -436,7 +462,7 @@ def test_the_callers_signals_are_held_while_workers_start_then_raise():
 
 
 def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(
-    blobs_for_workers, tmp_path, monkeypatch
+    blobs_for_workers, tmp_path, monkeypatch, pair
 ):
     """As a job scheduler's time limit does: the caller exits (143), and
     leaves neither running workers nor their temporary folder behind."""
@@ -445,7 +471,7 @@ def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
-    clf, training = _signalled_once_training(tmp_path, signal.SIGTERM)
+    clf, training = _signalled_once_training(tmp_path, signal.SIGTERM, pair)
     with pytest.raises(SystemExit) as exited:
         clf.fit(X, y)
     assert exited.value.code == 128 + signal.SIGTERM

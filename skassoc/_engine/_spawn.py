@@ -556,13 +556,11 @@ def _worker(rank, estimator, devices, backend, folder, shared, filters):
             worker.fit(X, y, **params)
         except BaseException as exc:  # noqa: BLE001 -- written for the caller
             error, failed_at = exc, time.monotonic()
-        # The outcome is written whatever comes now: a late Ctrl-C waits,
-        # and a group its peers left may fail to shut down.
+        # The outcome is written whatever comes now: a late Ctrl-C waits.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001, S110 -- the process ends next
-            pass
+    # The group is not destroyed: the process ends below, and after a
+    # failure NCCL's shutdown would wait for peers that sit in a collective
+    # this process never joined (the caller stops them after a grace).
     outcome = Outcome(None, error, failed_at)
     if rank == 0:
         # The caller takes process 0's state and warnings; the state alone
