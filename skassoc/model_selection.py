@@ -22,6 +22,7 @@ from abc import abstractmethod
 from inspect import signature
 
 import numpy as np
+from joblib import effective_n_jobs
 from scipy.stats import rankdata
 from sklearn.base import BaseEstimator, MetaEstimatorMixin, _fit_context, clone
 from sklearn.exceptions import NotFittedError
@@ -466,9 +467,23 @@ def labeled_scorer(scoring=None):
     return _LabeledScorer(check_scoring(scoring=scoring), scoring)
 
 
+def stacked_groups(n_candidates, n_folds, n_workers):
+    """The candidates each fold's stacked fits take, as index ranges.
+
+    A fold's candidates train together, as one joblib task; with more
+    workers than folds (two folds on four GPUs), each fold's candidates are
+    cut into ``n_workers // n_folds`` groups of near-equal size, so that
+    every worker trains one: stacking fewer candidates costs less time than
+    leaving a GPU idle. Never more groups than candidates.
+    """
+    n_groups = min(n_candidates, max(1, n_workers // n_folds))
+    bounds = np.linspace(0, n_candidates, n_groups + 1).round().astype(int)
+    return [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
 def _fit_and_score_fold(search, candidates, X, y, sample_weight, train, test):
-    """Fit a fold's candidates together; their test scores and the fit time
-    a candidate (the fold's stacked fit divided among them)."""
+    """Fit candidates of a fold together; their test scores and the fit
+    time a candidate (the stacked fit divided among them)."""
     started = time.perf_counter()
     fitted = fit_candidates(
         search.estimator,
@@ -524,18 +539,21 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         How the candidates are computed: each on a CUDA stream of its own
         (``"streams"``, which ``"auto"`` is) inside one captured graph.
     n_jobs : int, default=None
-        Folds trained at once, each fold's candidates together, through
-        :class:`joblib.Parallel` (None: one, unless in a
-        :func:`joblib.parallel_backend` context). Under joblib's Dask
-        backend with one worker per GPU, each worker trains a fold's
-        candidates on its GPU (see the user guide's "Several GPUs").
+        Stacked fits trained at once through :class:`joblib.Parallel`
+        (None: one, unless in a :func:`joblib.parallel_backend` context).
+        Each fold's candidates train together; with more workers than
+        folds, each fold's candidates are cut into as many groups as
+        there are workers a fold (``n_jobs // n_splits``), so that every
+        worker trains one. Under joblib's Dask backend with one worker per
+        GPU, each worker trains a group on its GPU (see the user guide's
+        "Several GPUs").
 
     Attributes
     ----------
     cv_results_ : dict of ndarray
         ``params``, ``param_<name>``, ``split<i>_test_score``,
         ``mean_test_score``, ``std_test_score``, ``rank_test_score`` and
-        ``mean_fit_time`` (a fold's stacked fit divided among its candidates).
+        ``mean_fit_time`` (a stacked fit's time divided among its candidates).
     best_index_, best_params_, best_score_
         The candidate of the highest mean score.
     best_estimator_ : SemiSupervisedAssociationClassifier
@@ -631,29 +649,40 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
             cv = SemiSupervisedStratifiedKFold(cv)
         cv = check_cv(cv, y, classifier=True)
         self.scorer_ = labeled_scorer(self.scoring)
-        # One task a fold, each training the fold's candidates together: under
-        # joblib's Dask backend every worker (one a GPU) trains a fold's group.
-        folds = Parallel(n_jobs=self.n_jobs)(
-            delayed(_fit_and_score_fold)(
-                self, candidates, X, y, sample_weight, train, test
-            )
-            for train, test in cv.split(X, y)
+        splits = list(cv.split(X, y))
+        groups = stacked_groups(
+            len(candidates), len(splits), effective_n_jobs(self.n_jobs)
         )
-        scores = [fold_scores for fold_scores, _ in folds]
-        times = [seconds for _, seconds in folds]
-        self._set_results(candidates, np.asarray(scores, dtype=float), times)
+        # One task a group of a fold's candidates trained together: under
+        # joblib's Dask backend every worker (one a GPU) trains a group.
+        tasks = [(fold, group) for fold in range(len(splits)) for group in groups]
+        done = Parallel(n_jobs=self.n_jobs)(
+            delayed(_fit_and_score_fold)(
+                self,
+                [candidates[i] for i in group],
+                X,
+                y,
+                sample_weight,
+                *splits[fold],
+            )
+            for fold, group in tasks
+        )
+        scores = np.empty((len(splits), len(candidates)))
+        times = np.empty_like(scores)
+        for (fold, group), (group_scores, seconds) in zip(tasks, done, strict=True):
+            scores[fold, group] = group_scores
+            times[fold, group] = seconds
+        self._set_results(candidates, scores, times)
         if self.refit:
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_)
             self.best_estimator_.fit(X, y, sample_weight=sample_weight)
         return self
 
     def _set_results(self, candidates, scores, times):
-        """``cv_results_`` and the best candidate from (n_splits, K) scores."""
+        """``cv_results_`` and the best candidate from (n_splits, K) scores
+        and fit times."""
         means = scores.mean(axis=0)
-        results = {
-            "params": candidates,
-            "mean_fit_time": np.full(len(candidates), np.mean(times)),
-        }
+        results = {"params": candidates, "mean_fit_time": times.mean(axis=0)}
         for name in sorted({n for params in candidates for n in params}):
             column = np.ma.masked_all(len(candidates), dtype=object)
             for i, params in enumerate(candidates):
