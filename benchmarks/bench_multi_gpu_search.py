@@ -70,11 +70,12 @@ def load_train(data_home):
     return X, y
 
 
-def make_searches(args, device_type):
+def make_searches(args, device_type, workers):
     """The estimator every search starts from, and a function that builds
     search ``cls`` on it (``n_jobs=-1`` for the stacked one on the cluster,
-    whose workers then train a fold's group each; GridSearchCV's left unset,
-    as the user guide says)."""
+    each fold's candidates cut into as many groups as there are workers a
+    fold, so that every worker trains one; GridSearchCV's left unset, as the
+    user guide says)."""
     params = h.scaled_schedule(recipe_params("paper"), args.steps)
     estimator = SemiSupervisedAssociationClassifier(
         **params, device=device_type, random_state=args.seed
@@ -82,8 +83,12 @@ def make_searches(args, device_type):
     cv = SemiSupervisedStratifiedKFold(FOLDS)
 
     def build(cls, on_cluster):
-        n_jobs = -1 if on_cluster and cls is StackedGridSearchCV else None
-        return cls(estimator, GRID, cv=cv, refit=False, n_jobs=n_jobs)
+        if not (on_cluster and cls is StackedGridSearchCV):
+            return cls(estimator, GRID, cv=cv, refit=False)
+        groups = max(1, workers // FOLDS)
+        return cls(
+            estimator, GRID, cv=cv, refit=False, n_jobs=-1, groups_per_fold=groups
+        )
 
     return estimator, build
 
@@ -198,7 +203,7 @@ def measure(args):
     X, y = load_train(args.data_home)
     X, y = X[: args.train_subset], y[: args.train_subset]
     y_semi = make_semi_supervised_labels(y, LABELS_PER_CLASS, random_state=args.seed)
-    estimator, build = make_searches(args, device.type)
+    estimator, build = make_searches(args, device.type, n_workers)
     results = {
         "environment": h.environment(device),
         "steps": args.steps,

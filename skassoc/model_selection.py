@@ -22,7 +22,6 @@ from abc import abstractmethod
 from inspect import signature
 
 import numpy as np
-from joblib import effective_n_jobs
 from scipy.stats import rankdata
 from sklearn.base import BaseEstimator, MetaEstimatorMixin, _fit_context, clone
 from sklearn.exceptions import NotFittedError
@@ -37,7 +36,7 @@ from sklearn.model_selection import (
     check_cv,
 )
 from sklearn.utils import _safe_indexing, indexable
-from sklearn.utils._param_validation import HasMethods, StrOptions
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.metadata_routing import MetadataRequest
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import _num_samples, column_or_1d
@@ -467,16 +466,11 @@ def labeled_scorer(scoring=None):
     return _LabeledScorer(check_scoring(scoring=scoring), scoring)
 
 
-def stacked_groups(n_candidates, n_folds, n_workers):
-    """The candidates each fold's stacked fits take, as index ranges.
-
-    A fold's candidates train together, as one joblib task; with more
-    workers than folds (two folds on four GPUs), each fold's candidates are
-    cut into ``n_workers // n_folds`` groups of near-equal size, so that
-    every worker trains one: stacking fewer candidates costs less time than
-    leaving a GPU idle. Never more groups than candidates.
-    """
-    n_groups = min(n_candidates, max(1, n_workers // n_folds))
+def _stacked_groups(n_candidates, groups_per_fold):
+    """The candidates of each of a fold's stacked fits, as index ranges:
+    ``groups_per_fold`` groups of near-equal size, never more groups than
+    candidates."""
+    n_groups = min(n_candidates, groups_per_fold)
     bounds = np.linspace(0, n_candidates, n_groups + 1).round().astype(int)
     return [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
 
@@ -541,12 +535,15 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
     n_jobs : int, default=None
         Stacked fits trained at once through :class:`joblib.Parallel`
         (None: one, unless in a :func:`joblib.parallel_backend` context).
-        Each fold's candidates train together; with more workers than
-        folds, each fold's candidates are cut into as many groups as
-        there are workers a fold (``n_jobs // n_splits``), so that every
-        worker trains one. Under joblib's Dask backend with one worker per
-        GPU, each worker trains a group on its GPU (see the user guide's
-        "Several GPUs").
+        Under joblib's Dask backend with one worker per GPU, each worker
+        trains a stacked fit on its GPU (see the user guide's "Several
+        GPUs").
+    groups_per_fold : int, default=1
+        Stacked fits a fold's candidates are cut into, each a joblib task
+        of its own (at most one a candidate). 1 trains a fold's candidates
+        together, the most a GPU gains from stacking; with more GPU
+        workers than folds, cut the folds to keep every worker busy (two
+        folds on four workers: ``groups_per_fold=2``).
 
     Attributes
     ----------
@@ -587,6 +584,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         "error_score": [StrOptions({"raise"}), numbers.Real],
         "stacking": [StrOptions(set(STACKINGS))],
         "n_jobs": [numbers.Integral, None],
+        "groups_per_fold": [Interval(numbers.Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -600,6 +598,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         error_score=np.nan,
         stacking="auto",
         n_jobs=None,
+        groups_per_fold=1,
     ):
         self.estimator = estimator
         self.param_grid = param_grid
@@ -609,6 +608,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.error_score = error_score
         self.stacking = stacking
         self.n_jobs = n_jobs
+        self.groups_per_fold = groups_per_fold
 
     # The estimator validates its own parameters when it fits.
     @_fit_context(prefer_skip_nested_validation=False)
@@ -650,9 +650,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         cv = check_cv(cv, y, classifier=True)
         self.scorer_ = labeled_scorer(self.scoring)
         splits = list(cv.split(X, y))
-        groups = stacked_groups(
-            len(candidates), len(splits), effective_n_jobs(self.n_jobs)
-        )
+        groups = _stacked_groups(len(candidates), self.groups_per_fold)
         # One task a group of a fold's candidates trained together: under
         # joblib's Dask backend every worker (one a GPU) trains a group.
         tasks = [(fold, group) for fold in range(len(splits)) for group in groups]

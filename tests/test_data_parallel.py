@@ -337,7 +337,7 @@ def test_input_that_fails_its_checks_in_one_process_stops_every_process(
     [
         ("resume_from", "ValueError", "their start"),
         ("callbacks", "TypeError", "the checks of their callbacks"),
-        ("device", "CUDA|nccl|gloo", "the checks of their device and input"),
+        ("device", "CUDA|nccl", "the checks of their device and input"),
         ("devices", "Leave devices=None", "the checks of their device and input"),
         ("verbose", "verbose", "the checks of their parameters"),
     ],

@@ -204,31 +204,25 @@ def test_folds_in_parallel_score_as_one_after_another(blobs, fast_params):
 
 
 @pytest.mark.parametrize(
-    ("n_candidates", "n_folds", "n_workers", "n_groups"),
+    ("n_candidates", "groups_per_fold", "sizes"),
     [
-        (8, 2, 1, 1),  # one worker: each fold's candidates together
-        (8, 2, 4, 2),  # two folds on four GPUs: two groups a fold
-        (8, 3, 4, 1),  # a group a fold already keeps three of four busy
-        (5, 2, 8, 4),
-        (2, 2, 16, 2),  # never more groups than candidates
+        (8, 1, [8]),  # a fold's candidates together
+        (8, 2, [4, 4]),  # two folds on four GPU workers
+        (5, 4, [1, 1, 2, 1]),
+        (2, 16, [1, 1]),  # never more groups than candidates
     ],
 )
-def test_stacked_groups_fill_the_workers(n_candidates, n_folds, n_workers, n_groups):
-    from skassoc.model_selection import stacked_groups
+def test_stacked_groups_cut_a_folds_candidates(n_candidates, groups_per_fold, sizes):
+    from skassoc.model_selection import _stacked_groups
 
-    groups = stacked_groups(n_candidates, n_folds, n_workers)
+    groups = _stacked_groups(n_candidates, groups_per_fold)
     assert [i for group in groups for i in group] == list(range(n_candidates))
-    assert len(groups) == n_groups
-    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    assert [len(group) for group in groups] == sizes
 
 
-def test_groups_of_a_fold_in_parallel_score_as_the_fold_together(
-    blobs, fast_params, monkeypatch
-):
-    """Three folds, six workers: each fold's four candidates train as two
-    groups of two, and score as one group of four does. (Run one after
-    another here: fits in threads draw from torch's one global generator,
-    and processes would take most of this test's time to start.)"""
+def test_groups_of_a_fold_score_as_the_fold_together(blobs, fast_params, monkeypatch):
+    """Each fold's four candidates trained as two groups of two (two
+    joblib tasks) score as one group of four does."""
     import skassoc.model_selection as model_selection
 
     X, y = blobs
@@ -242,8 +236,8 @@ def test_groups_of_a_fold_in_parallel_score_as_the_fold_together(
         return fit_candidates(estimator, candidates, *args, **kwargs)
 
     monkeypatch.setattr(model_selection, "fit_candidates", counted)
-    monkeypatch.setattr(model_selection, "effective_n_jobs", lambda n_jobs: 6)
-    split = StackedGridSearchCV(estimator, GRID, cv=cv, refit=False).fit(X, y)
+    split = StackedGridSearchCV(estimator, GRID, cv=cv, refit=False, groups_per_fold=2)
+    split.fit(X, y)
     assert stacked == [2] * 6
     for key in ("split0_test_score", "split2_test_score", "mean_test_score"):
         np.testing.assert_allclose(
