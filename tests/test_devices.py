@@ -78,9 +78,11 @@ def test_a_failing_worker_raises_in_the_caller_and_changes_nothing(
     clf = SemiSupervisedAssociationClassifier(**params, max_iter=5).fit(X, y)
     weights = [t.clone() for t in clf.model_.state_dict().values()]
     clf.set_params(devices=devices, learning_rate=1e30, max_iter=30)
-    # The processes' own error, as one process raises it.
-    with pytest.raises(NonFiniteLossError, match="NaN or infinite"):
+    # The processes' own error, as one process raises it, caused by the
+    # worker's traceback (as multiprocessing's pools show theirs).
+    with pytest.raises(NonFiniteLossError, match="NaN or infinite") as raised:
         clf.fit(X, y)
+    assert "Traceback" in str(raised.value.__cause__)
     assert all(
         torch.equal(a, b) for a, b in zip(weights, clf.model_.state_dict().values())
     )
@@ -220,6 +222,34 @@ def test_peers_of_a_failed_process_are_stopped_after_a_grace(
     with pytest.raises(torch.OutOfMemoryError, match="out of memory in process 1"):
         clf.fit(X, y)
     assert time.monotonic() - start < 40  # not the 60 s process 0 waits
+
+
+class NeedsTwoArguments(Exception):
+    """An error that pickles but cannot be rebuilt (its ``args`` are one
+    message, its ``__init__`` takes two)."""
+
+    def __init__(self, what, where):
+        super().__init__(f"{what} in {where}")
+
+
+class RaisesUnrebuildable(Callback):
+    def on_log(self, run):
+        raise NeedsTwoArguments("a custom error", "a callback")
+
+
+def test_an_error_the_caller_cannot_rebuild_keeps_its_message_and_traceback(
+    blobs_for_workers,
+):
+    X, y = blobs_for_workers
+    clf = SemiSupervisedAssociationClassifier(
+        **PARAMS, max_iter=10, callbacks=[RaisesUnrebuildable()], devices=["cpu"] * 2
+    )
+    with pytest.raises(RuntimeError, match="cannot be rebuilt") as raised:
+        clf.fit(X, y)
+    # Its class, its message and where the worker raised it.
+    assert "NeedsTwoArguments: a custom error in a callback" in str(raised.value)
+    assert "in on_log" in str(raised.value.__cause__)
+    assert clf.n_iter_ > 0  # as in one process, the steps done are kept
 
 
 class KeepsItsRun(Callback):

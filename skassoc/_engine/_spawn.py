@@ -24,7 +24,9 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import warnings
+from multiprocessing.pool import RemoteTraceback
 from typing import NamedTuple
 
 import numpy as np
@@ -472,11 +474,18 @@ def _outcome(folder, rank):
         )
     with open(path, "rb") as handle:
         # Written by this fit's own worker, in this fit's own folder.
-        state, error, failed_at, warned = pickle.load(handle)
+        state, error, failed_at, warned, described = pickle.load(handle)
     try:
         error = pickle.loads(error)
     except Exception as exc:  # noqa: BLE001 -- a class this process lacks
-        error = RuntimeError(f"Worker process {rank} raised an error: {exc!r}")
+        error = RuntimeError(
+            f"Worker process {rank} raised {described[0]} (its class cannot be "
+            f"rebuilt in this process: {exc})"
+        )
+    if described is not None:
+        # As multiprocessing's pools show a worker's error: its traceback
+        # there, as the cause of the error raised here.
+        error.__cause__ = RemoteTraceback(f'\n"""\n{described[1]}"""')
     try:
         warned = pickle.loads(warned)
     except Exception:  # noqa: BLE001 -- a warning class this process lacks
@@ -598,11 +607,19 @@ def _module_of(filename):
 def _write_outcome(folder, rank, outcome):
     """``outcome``'s state, error and warnings, each pickled apart: the
     caller may lack an error's or a warning's class (a callback's, from a
-    notebook)."""
+    notebook), or fail to rebuild it; the error also travels as text, with
+    this process's traceback."""
     try:
         error = pickle.dumps(outcome.error)
     except Exception:  # noqa: BLE001 -- sent as text instead
         error = pickle.dumps(RuntimeError(repr(outcome.error)))
+    described = None
+    if outcome.error is not None:
+        kind = type(outcome.error)
+        described = (
+            f"{kind.__module__}.{kind.__qualname__}: {outcome.error}",
+            "".join(traceback.format_exception(outcome.error)),
+        )
     try:
         warned = pickle.dumps(outcome.warned)
     except Exception:  # noqa: BLE001 -- as text, the message kept
@@ -610,7 +627,7 @@ def _write_outcome(folder, rank, outcome):
             [(m, UserWarning, *place) for m, _, *place in outcome.warned]
         )
     state = pickle.dumps(outcome.state)
-    payload = pickle.dumps((state, error, outcome.failed_at, warned))
+    payload = pickle.dumps((state, error, outcome.failed_at, warned, described))
     write_atomically(
         _outcome_path(folder, rank),
         lambda handle: handle.write(payload),
