@@ -35,7 +35,7 @@ from sklearn.model_selection import (
     StratifiedKFold,
     check_cv,
 )
-from sklearn.utils import _safe_indexing, indexable
+from sklearn.utils import _safe_indexing, check_random_state, indexable
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.metadata_routing import MetadataRequest
 from sklearn.utils.parallel import Parallel, delayed
@@ -44,6 +44,7 @@ from sklearn.utils.validation import _num_samples, column_or_1d
 from ._fitted import is_fitted
 from ._inputs import unlabeled_mask
 from ._run_store import RunStore
+from ._settings import fit_seed
 from ._stacked import STACKINGS, check_candidate_params, fit_candidates
 
 __all__ = [
@@ -475,12 +476,15 @@ def _stacked_groups(n_candidates, groups_per_fold):
     return [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
 
 
-def _fit_and_score_fold(search, candidates, X, y, sample_weight, train, test):
-    """Fit candidates of a fold together; their test scores and the fit
-    time a candidate (the stacked fit divided among them)."""
+def _fit_and_score_fold(
+    search, estimator, candidates, X, y, sample_weight, train, test
+):
+    """Fit candidates of a fold together from ``estimator``; their test
+    scores (None for a failed fit), and the fit time a candidate (the
+    stacked fit divided among them)."""
     started = time.perf_counter()
     fitted = fit_candidates(
-        search.estimator,
+        estimator,
         candidates,
         _safe_indexing(X, train),
         _safe_indexing(y, train),
@@ -493,7 +497,7 @@ def _fit_and_score_fold(search, candidates, X, y, sample_weight, train, test):
     seconds = (time.perf_counter() - started) / len(candidates)
     X_test, y_test = _safe_indexing(X, test), _safe_indexing(y, test)
     scores = [
-        search.scorer_(est, X_test, y_test) if is_fitted(est) else search.error_score
+        search.scorer_(est, X_test, y_test) if is_fitted(est) else None
         for est in fitted
     ]
     return scores, seconds
@@ -504,10 +508,11 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
 
     Like :class:`~sklearn.model_selection.GridSearchCV`, but every
     candidate of a fold trains in one loop with the others
-    (``skassoc._stacked.fit_candidates``): they share the batches and
-    the initial weights of the estimator's ``random_state``, so each
-    candidate's scores are those of a separate fit up to float rounding,
-    while a GPU computes the candidates side by side. The grid may vary the
+    (``skassoc._stacked.fit_candidates``; in ``groups_per_fold`` loops):
+    they share the batches and the initial weights of the estimator's
+    ``random_state``, so each candidate's scores are those of a separate
+    fit up to float rounding, while a GPU computes the candidates side by
+    side. The grid may vary the
     loss weights only (``walker_weight``, ``visit_weight``,
     ``logit_weight``); search other parameters with ``GridSearchCV``.
 
@@ -539,11 +544,13 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         trains a stacked fit on its GPU (see the user guide's "Several
         GPUs").
     groups_per_fold : int, default=1
-        Stacked fits a fold's candidates are cut into, each a joblib task
-        of its own (at most one a candidate). 1 trains a fold's candidates
-        together, the most a GPU gains from stacking; with more GPU
-        workers than folds, cut the folds to keep every worker busy (two
-        folds on four workers: ``groups_per_fold=2``).
+        The number of stacked fits each fold's candidates are split into,
+        each its own joblib task; capped at the number of candidates. 1
+        trains a fold's candidates together, the most a GPU gains from
+        stacking; with more GPU workers than folds, split the folds to keep
+        every worker busy (two folds on four workers:
+        ``groups_per_fold=2``). A fold's groups start from one seed: with a
+        ``random_state`` that is not an int, one drawn for the fold.
 
     Attributes
     ----------
@@ -632,6 +639,9 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
 
         Raises
         ------
+        ValueError
+            If every candidate's fit failed on every fold (as
+            ``GridSearchCV`` raises).
         NonFiniteLossError
             With ``error_score="raise"``, if a candidate's loss became NaN or
             infinite.
@@ -654,9 +664,11 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         # One task a group of a fold's candidates trained together: under
         # joblib's Dask backend every worker (one a GPU) trains a group.
         tasks = [(fold, group) for fold in range(len(splits)) for group in groups]
+        starts = self._fold_estimators(len(splits))
         done = Parallel(n_jobs=self.n_jobs)(
             delayed(_fit_and_score_fold)(
                 self,
+                starts[fold],
                 [candidates[i] for i in group],
                 X,
                 y,
@@ -665,16 +677,38 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
             )
             for fold, group in tasks
         )
-        scores = np.empty((len(splits), len(candidates)))
-        times = np.empty_like(scores)
+        scores = np.empty((len(splits), len(candidates)), dtype=object)
+        times = np.empty(scores.shape)
         for (fold, group), (group_scores, seconds) in zip(tasks, done, strict=True):
             scores[fold, group] = group_scores
             times[fold, group] = seconds
-        self._set_results(candidates, scores, times)
+        failed = scores == None  # noqa: E711 -- elementwise, on objects
+        if failed.all():
+            raise ValueError(
+                f"All the {scores.size} fits failed (their losses became NaN or "
+                "infinite; a warning names each). Lower the learning_rate, or "
+                "set error_score='raise' to see the first failure."
+            )
+        scores[failed] = self.error_score
+        self._set_results(candidates, scores.astype(float), times)
         if self.refit:
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_)
             self.best_estimator_.fit(X, y, sample_weight=sample_weight)
         return self
+
+    def _fold_estimators(self, n_folds):
+        """The estimator each fold's stacked fits start from. A
+        ``random_state`` that is not an int draws a seed at every fit: when
+        a fold is split into groups, its groups get one seed drawn for the
+        fold, so that they start as one stacked fit would."""
+        random_state = self.estimator.get_params().get("random_state")
+        if self.groups_per_fold == 1 or isinstance(random_state, numbers.Integral):
+            return [self.estimator] * n_folds
+        rng = check_random_state(random_state)
+        return [
+            clone(self.estimator).set_params(random_state=fit_seed(rng))
+            for _ in range(n_folds)
+        ]
 
     def _set_results(self, candidates, scores, times):
         """``cv_results_`` and the best candidate from (n_splits, K) scores

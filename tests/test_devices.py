@@ -33,6 +33,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def fit_workers():
+    """The worker processes still running, but joblib's loky workers (a
+    search's in another test of this process, kept for reuse)."""
+    return [
+        process
+        for process in multiprocessing.active_children()
+        if "Loky" not in type(process).__name__
+    ]
+
+
 @pytest.fixture(params=BACKENDS)
 def pair(request):
     """``devices`` of two worker processes and their estimator's
@@ -186,7 +196,7 @@ def test_the_error_of_the_process_that_failed_first_reaches_the_caller(
     with pytest.raises(torch.OutOfMemoryError, match="out of memory in process 1"):
         clf.fit(X, y)
     assert time.monotonic() - start < 60
-    assert not multiprocessing.active_children()
+    assert not fit_workers()
 
 
 class FailsOneWaitsZero(torch.nn.Module):
@@ -250,6 +260,51 @@ def test_an_error_the_caller_cannot_rebuild_keeps_its_message_and_traceback(
     assert "NeedsTwoArguments: a custom error in a callback" in str(raised.value)
     assert "in on_log" in str(raised.value.__cause__)
     assert clf.n_iter_ > 0  # as in one process, the steps done are kept
+
+
+class FailsToSayWhat(Exception):
+    def __str__(self):
+        raise ValueError("no message")
+
+
+class Unpicklable(Exception):
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class RaisesAtTheEnd(Callback):
+    """Raises ``kind(*args)`` in ``on_fit_end`` (after training: the model
+    is kept)."""
+
+    def __init__(self, kind, *args):
+        self.kind, self.args = kind, args
+
+    def on_fit_end(self, run):
+        raise self.kind(*self.args)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised", "message"),
+    [
+        ((FailsToSayWhat,), FailsToSayWhat, None),
+        ((Unpicklable, "holds a lock"), RuntimeError, "Unpicklable: holds a lock"),
+    ],
+)
+def test_errors_that_do_not_print_or_pickle_reach_the_caller(
+    blobs_for_workers, error, raised, message
+):
+    """As one process raises them, or named with their message; the model
+    of the completed steps is kept either way."""
+    X, y = blobs_for_workers
+    clf = SemiSupervisedAssociationClassifier(
+        **PARAMS, max_iter=10, callbacks=[RaisesAtTheEnd(*error)], devices=["cpu"] * 2
+    )
+    with pytest.raises(raised) as caught:
+        clf.fit(X, y)
+    if message is not None:
+        assert message in str(caught.value)
+    assert clf.n_iter_ == 10
 
 
 class KeepsItsRun(Callback):
@@ -415,7 +470,7 @@ def test_a_ctrl_c_to_the_caller_alone_stops_the_workers_and_keeps_their_model(
     clf, training = _signalled_once_training(tmp_path, signal.SIGINT, pair)
     with pytest.raises(KeyboardInterrupt, match="interrupted after"):
         clf.fit(X, y)
-    assert not multiprocessing.active_children()
+    assert not fit_workers()
     # The model of the steps completed, as after a Ctrl-C in one process.
     assert 0 < clf.n_iter_ < clf.max_iter
 
@@ -449,7 +504,7 @@ def test_a_signal_while_the_workers_start_stops_every_worker(
     clf = SemiSupervisedAssociationClassifier(**PARAMS, devices=["cpu", "cpu"])
     with pytest.raises(raised):
         clf.fit(X, y)
-    assert not multiprocessing.active_children()
+    assert not fit_workers()
     assert not hasattr(clf, "model_")
 
 
@@ -508,7 +563,7 @@ def test_a_sigterm_to_the_caller_stops_the_workers_and_removes_their_folder(
         clf.fit(X, y)
     assert exited.value.code == 128 + signal.SIGTERM
     assert training.exists()  # it came during training
-    assert not multiprocessing.active_children()
+    assert not fit_workers()
     assert list(temporary.iterdir()) == []
     assert not hasattr(clf, "model_")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -171,6 +171,24 @@ def test_a_callback_that_raises_keeps_the_model_of_the_steps_completed(
     assert _same_weights(clf, before)
 
 
+class _FailsToSayWhat(Exception):
+    def __str__(self):
+        raise ValueError("no message")
+
+
+def test_a_callback_error_that_fails_to_print_is_raised_as_it_is(
+    fast_params, blobs_semi
+):
+    """Not the ValueError of its str(), and the model is kept."""
+    X, y = blobs_semi
+    clf = SemiSupervisedAssociationClassifier(
+        **fast_params, callbacks=[RaiseAt(20, _FailsToSayWhat())]
+    )
+    with pytest.raises(_FailsToSayWhat):
+        clf.fit(X, y)
+    assert clf.n_iter_ == 20
+
+
 def test_a_callback_that_raises_before_training_changes_nothing(
     fast_params, blobs_semi
 ):

@@ -340,6 +340,52 @@ def test_search_scores_a_failed_candidate_with_error_score(
     assert search.best_params_ == {"logit_weight": 1.0}
 
 
+def test_a_search_whose_every_fit_failed_raises(blobs, fast_params, monkeypatch):
+    """As GridSearchCV does, rather than report NaN scores and a best."""
+    original = skassoc._engine._step.AssociationStep.__call__
+
+    def step(self):
+        original(self)
+        self.first_nonfinite_step[:] = 0.0
+
+    monkeypatch.setattr(skassoc._engine._step.AssociationStep, "__call__", step)
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    search = StackedGridSearchCV(estimator, {"logit_weight": [1.0, 2.0]}, cv=3)
+    with (
+        pytest.warns(UserWarning, match="left unfitted"),
+        pytest.raises(ValueError, match="All the 6 fits failed"),
+    ):
+        search.fit(X, y)
+    assert not hasattr(search, "cv_results_")
+
+
+def test_a_folds_groups_share_one_seed_drawn_for_the_fold(
+    blobs, fast_params, monkeypatch
+):
+    """random_state=None draws a seed at every fit: the groups of a fold
+    get one, as the fold's candidates stacked together would."""
+    import skassoc.model_selection as model_selection
+
+    seeds = []
+
+    def recorded(estimator, candidates, *args, **kwargs):
+        seeds.append(estimator.random_state)
+        return fit_candidates(estimator, candidates, *args, **kwargs)
+
+    monkeypatch.setattr(model_selection, "fit_candidates", recorded)
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(
+        **{**fast_params, "random_state": None}
+    )
+    search = StackedGridSearchCV(estimator, GRID, cv=3, refit=False, groups_per_fold=2)
+    search.fit(X, y)
+    # The tasks in order: fold 0's two groups, then fold 1's, fold 2's.
+    assert all(isinstance(seed, int) for seed in seeds)
+    assert seeds[0::2] == seeds[1::2]
+    assert len(set(seeds)) == 3
+
+
 def test_error_score_raise_raises_at_the_first_failure(
     blobs, fast_params, second_candidate_fails
 ):

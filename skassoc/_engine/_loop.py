@@ -105,7 +105,8 @@ class _CallbackError(Exception):
     """Carries an error raised by a callback out of the loop."""
 
     def __init__(self, error):
-        super().__init__(str(error))
+        # Not str(error): a callback's error may fail to give one.
+        super().__init__(type(error).__name__)
         self.error = error
 
 

@@ -609,16 +609,22 @@ def _write_outcome(folder, rank, outcome):
     caller may lack an error's or a warning's class (a callback's, from a
     notebook), or fail to rebuild it; the error also travels as text, with
     this process's traceback."""
-    try:
-        error = pickle.dumps(outcome.error)
-    except Exception:  # noqa: BLE001 -- sent as text instead
-        error = pickle.dumps(RuntimeError(repr(outcome.error)))
     described = None
     if outcome.error is not None:
-        kind = type(outcome.error)
+        # traceback's own text: it names the class by module, and survives
+        # an error whose str() fails.
         described = (
-            f"{kind.__module__}.{kind.__qualname__}: {outcome.error}",
+            "".join(traceback.format_exception_only(outcome.error)).strip(),
             "".join(traceback.format_exception(outcome.error)),
+        )
+    try:
+        error = pickle.dumps(outcome.error)
+    except Exception as exc:  # noqa: BLE001 -- sent as text instead
+        error = pickle.dumps(
+            RuntimeError(
+                f"Worker process {rank} raised {described[0]} (it cannot be "
+                f"pickled to reach the caller: {exc})"
+            )
         )
     try:
         warned = pickle.dumps(outcome.warned)
