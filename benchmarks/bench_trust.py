@@ -307,10 +307,20 @@ def diagnosis_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
     return rows
 
 
+def has_both(runs, failing_above, held_out_from=HELD_OUT_FROM):
+    """Whether a row of :func:`diagnosis_rows` has failed and good draws
+    (without both, no AUC)."""
+    groups = _row_groups(runs, failing_above, held_out_from)
+    return any(bad and good for _, bad, good in groups)
+
+
 def score_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
     """Per row of :func:`diagnosis_rows`: the class each flagged draw blames,
-    and each score's AUC (the low-visit one where every report has it)."""
+    and each score's AUC (the low-visit one where every report has it),
+    where a row has failed and good draws."""
     shown = _shown_scores(has_low_visit(runs))
+    if not has_both(runs, failing_above, held_out_from):
+        shown = []
     rows = []
     for recipe, bad, good in _row_groups(runs, failing_above, held_out_from):
         cells = [recipe, _excess_classes(bad), _excess_classes(good)]
@@ -376,9 +386,10 @@ def render(results, failing_above):
         diagnosis = h.rst_table(
             header, diagnosis_rows(reported, failing_above, held_out_from)
         )
+        aucs = has_both(reported, failing_above, held_out_from)
         scores = h.rst_table(
             ["recipe", "class blamed: failed", "class blamed: good"]
-            + [f"AUC {s}" for s in _shown_scores(low_visit)],
+            + [f"AUC {s}" for s in _shown_scores(low_visit) if aucs],
             score_rows(reported, failing_above, held_out_from),
         )
         parts.append(
@@ -390,8 +401,14 @@ def render(results, failing_above):
             + results["meta"].get("report_runs_note", "")
             + f"\n\n{diagnosis}\n\n"
             "Class blamed: the class of the largest share excess of each draw "
-            "the verdict flags, as class: draws. AUC: the probability that a "
-            f"failed draw's score is above a good one's.\n\n{scores}\n"
+            "the verdict flags, as class: draws."
+            + (
+                " AUC: the probability that a failed draw's score is above a "
+                "good one's."
+                if aucs
+                else ""
+            )
+            + f"\n\n{scores}\n"
         )
     if refitted:
         suggestions = h.rst_table(

@@ -130,17 +130,18 @@ def _build(estimators, inputs, settings, previous, validation, loss_weights, gro
             "batch with statistics of its own. Fit it on one device."
         )
     models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
-    # One progress bar for a data-parallel fit: process 0's.
-    rank = 0 if group is None else torch.distributed.get_rank(group)
-    state = continued_run(previous, settings.training.max_iter)
-    members = [
-        _member(est, m, inputs, settings, validation, previous, state, k == 0, rank)
-        for k, (est, m) in enumerate(zip(estimators, models, strict=True))
-    ]
     training = settings.training
     runner = DeviceRunner(
         settings.device, training.precision, training.cuda_graph, group=group
     )
+    state = continued_run(previous, training.max_iter)
+    # One progress bar for a data-parallel fit: process 0's.
+    members = [
+        _member(
+            est, m, inputs, settings, validation, previous, state, k == 0, runner.rank
+        )
+        for k, (est, m) in enumerate(zip(estimators, models, strict=True))
+    ]
     return models, batches, members, runner
 
 

@@ -47,9 +47,8 @@ def fit_workers():
 def pair(request):
     """``devices`` of two worker processes and their estimator's
     parameters: two CPU processes (gloo) or two GPUs (NCCL)."""
-    if request.param == "gloo":
-        return ["cpu", "cpu"], dict(PARAMS)
-    return [0, 1], data_parallel_params("nccl")
+    devices = ["cpu", "cpu"] if request.param == "gloo" else [0, 1]
+    return devices, data_parallel_params(request.param)
 
 
 def test_devices_fits_in_a_process_per_device_like_one_process(

@@ -6,13 +6,12 @@ Skipped without at least two GPUs.
 import numpy as np
 import pytest
 import torch
+from conftest import TWO_GPUS
 from sklearn.datasets import load_digits
 
 from skassoc import SemiSupervisedAssociationClassifier
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.device_count() < 2, reason="needs two or more GPUs"
-)
+pytestmark = pytest.mark.skipif(not TWO_GPUS, reason="needs two or more GPUs")
 
 
 def test_one_fit_on_two_gpus_trains_the_model_of_one_gpu():

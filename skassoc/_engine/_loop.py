@@ -232,23 +232,33 @@ class _Loop:
 
     def _begin_callbacks(self):
         for k in list(self.live):
-            run, error, interrupted = self.runs[k], None, False
-            try:
-                for callback in self.members[k].callbacks:
-                    self.begun.add(id(callback))
-                    call_hook([callback], "on_fit_begin", run)
-            except KeyboardInterrupt:
-                if self.step.runner.world_size == 1:
-                    raise
-                interrupted = True
-            except Exception as exc:
-                error = exc
-            error = self._agree(run, error, interrupted)
+            run = self.runs[k]
+            error = self._agreed(run, self._begin, self.members[k].callbacks, run)
             if error is not None:
                 raise error
             if run.stop_requested:
                 # Asked to stop before its first step.
                 self._stop(k)
+
+    def _begin(self, callbacks, run):
+        for callback in callbacks:
+            self.begun.add(id(callback))
+            call_hook([callback], "on_fit_begin", run)
+
+    def _agreed(self, run, hook, *args):
+        """Call ``hook(*args)`` (callbacks' hooks); what it raised, agreed
+        on by every process (:meth:`_agree`): the error this process raises,
+        if any."""
+        error, interrupted = None, False
+        try:
+            hook(*args)
+        except KeyboardInterrupt:
+            if self.step.runner.world_size == 1:
+                raise
+            interrupted = True
+        except Exception as exc:
+            error = exc
+        return self._agree(run, error, interrupted)
 
     def _agree(self, run, error, interrupted=False):
         """With several processes, make every one stop (or fail) when any
@@ -340,16 +350,8 @@ class _Loop:
 
     def _call_on_log(self, k, run):
         """Model ``k``'s callbacks' ``on_log``; then stop it if one asked."""
-        error, interrupted = None, False
-        try:
-            call_hook(self.members[k].callbacks[1:], "on_log", run)
-        except KeyboardInterrupt:
-            if self.step.runner.world_size == 1:
-                raise
-            interrupted = True
-        except Exception as exc:
-            error = exc
-        error = self._agree(run, error, interrupted)
+        callbacks = self.members[k].callbacks[1:]
+        error = self._agreed(run, call_hook, callbacks, "on_log", run)
         if error is not None:
             raise _CallbackError(error) from error
         if run.stop_requested:

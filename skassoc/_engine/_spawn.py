@@ -574,6 +574,7 @@ def _worker(rank, estimator, devices, backend, folder, shared, filters):
     if rank == 0:
         # The caller takes process 0's state and warnings; the state alone
         # travels, so that the estimator's callbacks need not pickle.
+        module_of = _modules_by_file()
         outcome = outcome._replace(
             state=get_fitted_state(worker) if is_fitted(worker) else None,
             warned=[
@@ -582,7 +583,7 @@ def _worker(rank, estimator, devices, backend, folder, shared, filters):
                     w.category,
                     w.filename,
                     w.lineno,
-                    _module_of(w.filename),
+                    module_of.get(os.path.abspath(w.filename)),
                 )
                 for w in caught
             ],
@@ -594,14 +595,15 @@ def _worker(rank, estimator, devices, backend, folder, shared, filters):
     os._exit(0)
 
 
-def _module_of(filename):
-    """The name of the loaded module of ``filename`` (warning filters match
-    modules by name), or None."""
-    path = os.path.abspath(filename)
+def _modules_by_file():
+    """The name of each loaded module by its file's absolute path (warning
+    filters match modules by name); the first loaded of a file's names."""
+    by_file = {}
     for name, module in list(sys.modules.items()):
-        if os.path.abspath(getattr(module, "__file__", None) or "") == path:
-            return name
-    return None
+        path = getattr(module, "__file__", None)
+        if path:
+            by_file.setdefault(os.path.abspath(path), name)
+    return by_file
 
 
 def _write_outcome(folder, rank, outcome):
