@@ -33,7 +33,7 @@ from collections import Counter
 import _harness as h
 import numpy as np
 
-from skassoc._diagnosis import is_suspect, largest_excess, share_excess
+from skassoc._diagnosis import FREQUENT_CLASS_MARGIN, largest_excess, share_excess
 
 #: Strategies a failing draw is refitted with.
 STRATEGIES = ("association", "random", "margin", "entropy")
@@ -175,6 +175,7 @@ SCORES = (
     "low_visit_share",
     "round_trip_change",
     "excess_class_low_visit",
+    "excess_class_input_disagreement",
 )
 
 
@@ -199,33 +200,52 @@ def _flags(runs, rule):
     return f"{sum(rule(r['fit_report']['scores']) for r in runs)} / {len(runs)}"
 
 
-#: The report score that can clear the share rule's verdict ("shares
-#: alone" columns).
-LOW_VISIT_SCORE = "excess_class_low_visit"
+#: The report scores that can clear the share rule's verdict ("shares
+#: alone" columns), newest first, each with its margin: reports made before
+#: the inputs' opinion existed were cleared by the walks' score below -0.01,
+#: and their tables keep that verdict.
+CLEARING_SCORES = {
+    "excess_class_input_disagreement": FREQUENT_CLASS_MARGIN,
+    "excess_class_low_visit": 0.01,
+}
 
 
-def has_low_visit(runs):
-    """Whether every report holds the low-visit score (reports made before
-    it existed do not: their table leaves its columns out)."""
-    return all(LOW_VISIT_SCORE in r["fit_report"]["scores"] for r in runs)
+def clearing_score(runs):
+    """The clearing score that every report holds, or None (reports made
+    before any existed: their verdict is the share rule alone)."""
+    for score in CLEARING_SCORES:
+        if all(score in r["fit_report"]["scores"] for r in runs):
+            return score
+    return None
 
 
-def _flagged_by(low_visit):
+def verdict_rule(clearing):
+    """The verdict of reports whose clearing score is ``clearing``: the
+    share rule, unless that score is below its margin's negative."""
+
+    def suspect(scores):
+        value = scores.get(clearing) if clearing else None
+        cleared = value is not None and value < -CLEARING_SCORES[clearing]
+        return share_excess(scores) and not cleared
+
+    return suspect
+
+
+def _flagged_by(clearing):
     """The caption's list of what flags a draw."""
     rules = ['the verdict ("suspect")']
-    if low_visit:
+    if clearing:
         rules.append(
-            "the verdict's share rule alone (without the excess_class_low_visit "
-            "margin that clears a clearly better visited class)"
+            f"the verdict's share rule alone (without the {clearing} "
+            "margin that clears a class merely more frequent than expected)"
         )
     rules.append("class_share_ratio above two other thresholds")
     return "by " + ", by ".join(rules[:-1]) + f" and by {rules[-1]}."
 
 
-def _shown_scores(low_visit):
-    """The scores whose AUC the table gives: the low-visit one only where
-    every report has it."""
-    return SCORES if low_visit else tuple(s for s in SCORES if s != LOW_VISIT_SCORE)
+def _shown_scores(runs):
+    """The scores whose AUC the table gives: those every report holds."""
+    return tuple(s for s in SCORES if all(s in r["fit_report"]["scores"] for r in runs))
 
 
 def _finite_scores(runs, score):
@@ -233,13 +253,13 @@ def _finite_scores(runs, score):
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
-def _excess_classes(runs):
-    """The class of the largest share excess of each suspect run, counted
-    (``"3: 2; 1: 1"``): which class the verdict blames."""
+def _excess_classes(runs, suspect):
+    """The class of the largest share excess of each run that ``suspect``
+    flags, counted (``"3: 2; 1: 1"``): which class the verdict blames."""
     classes = []
     for run in runs:
         report = run["fit_report"]
-        if is_suspect(report["scores"]):
+        if suspect(report["scores"]):
             shares = report["predicted_shares"], report["expected_shares"]
             classes.append(largest_excess(*shares))
     counts = sorted(Counter(classes).items(), key=lambda item: (-item[1], item[0]))
@@ -287,15 +307,16 @@ def _row_groups(runs, failing_above, held_out_from):
 def diagnosis_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
     """Per recipe (held-out draws apart): the draws, and the failed and good
     ones flagged by the verdict, by the share rule alone (where every
-    report has the low-visit score) and by the ratio thresholds.
+    report has a clearing score) and by the ratio thresholds.
     ``held_out_from`` maps a recipe to its first held-out draw (see
     :data:`HELD_OUT_FROM`)."""
-    low_visit = has_low_visit(runs)
+    clearing = clearing_score(runs)
+    suspect = verdict_rule(clearing)
     rows = []
     for recipe, bad, good in _row_groups(runs, failing_above, held_out_from):
         cells = [recipe, str(len(bad) + len(good))]
-        cells += [_flags(bad, is_suspect), _flags(good, is_suspect)]
-        if low_visit:
+        cells += [_flags(bad, suspect), _flags(good, suspect)]
+        if clearing:
             cells += [_flags(bad, share_excess), _flags(good, share_excess)]
         for threshold in RATIO_THRESHOLDS:
 
@@ -316,14 +337,15 @@ def has_both(runs, failing_above, held_out_from=HELD_OUT_FROM):
 
 def score_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
     """Per row of :func:`diagnosis_rows`: the class each flagged draw blames,
-    and each score's AUC (the low-visit one where every report has it),
-    where a row has failed and good draws."""
-    shown = _shown_scores(has_low_visit(runs))
+    and each score's AUC (those every report holds), where a row has failed
+    and good draws."""
+    shown = _shown_scores(runs)
     if not has_both(runs, failing_above, held_out_from):
         shown = []
+    suspect = verdict_rule(clearing_score(runs))
     rows = []
     for recipe, bad, good in _row_groups(runs, failing_above, held_out_from):
-        cells = [recipe, _excess_classes(bad), _excess_classes(good)]
+        cells = [recipe, _excess_classes(bad, suspect), _excess_classes(good, suspect)]
         for score in shown:
             auc = roc_auc(_finite_scores(bad, score), _finite_scores(good, score))
             cells.append(h.fmt(auc))
@@ -377,9 +399,9 @@ def render(results, failing_above):
     parts = []
     if reported:
         held_out_from = results["meta"].get("held_out_from", HELD_OUT_FROM)
-        low_visit = has_low_visit(reported)
+        clearing = clearing_score(reported)
         header = ["recipe", "draws", "verdict: failed", "verdict: good"]
-        if low_visit:
+        if clearing:
             header += ["shares alone: failed", "shares alone: good"]
         for threshold in RATIO_THRESHOLDS:
             header += [f"ratio > {threshold}: failed", f"ratio > {threshold}: good"]
@@ -389,14 +411,14 @@ def render(results, failing_above):
         aucs = has_both(reported, failing_above, held_out_from)
         scores = h.rst_table(
             ["recipe", "class blamed: failed", "class blamed: good"]
-            + [f"AUC {s}" for s in _shown_scores(low_visit) if aucs],
+            + [f"AUC {s}" for s in _shown_scores(reported) if aucs],
             score_rows(reported, failing_above, held_out_from),
         )
         parts.append(
             f".. rubric:: {results['meta'].get('title', DIAGNOSIS_TITLE)}\n\n"
             "MNIST, 10 labels a class; a draw fails when its test error is above "
             f"{failing_above} %. Flagged draws (failed, then good ones): "
-            + _flagged_by(low_visit)
+            + _flagged_by(clearing)
             + f" Made by {commands}. "
             + results["meta"].get("report_runs_note", "")
             + f"\n\n{diagnosis}\n\n"

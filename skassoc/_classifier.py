@@ -908,6 +908,11 @@ class SemiSupervisedAssociationClassifier(
                 ]
             )
 
+        def features(indices):
+            if inputs.sparse:
+                return inputs.data.matrix[indices]
+            return inputs.data[indices]
+
         return fit_report(
             embed,
             model.logits,
@@ -915,6 +920,7 @@ class SemiSupervisedAssociationClassifier(
             inputs.classes,
             settings.class_prior,
             settings.seed,
+            features,
         )
 
     @staticmethod

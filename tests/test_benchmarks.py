@@ -610,10 +610,12 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
         ["consistency", "1: 1", "none"],
         [label, "1: 1", "1: 1"],
     ]
-    # A clearly better visited excess class clears the verdict, not the
-    # "shares alone" columns; without the score (an older report), those
-    # columns are left out.
-    runs[1]["fit_report"]["scores"]["excess_class_low_visit"] = -0.02
+    # An excess class the inputs side with clears the verdict, not the
+    # "shares alone" columns; the walks' score no longer clears anything.
+    scores = runs[1]["fit_report"]["scores"]
+    scores["excess_class_low_visit"] = -0.02
+    assert trust.diagnosis_rows(runs, failing_above=1.5)[0][2:4] == ["1 / 1", "0 / 1"]
+    scores["excess_class_input_disagreement"] = -0.1
     rows = trust.diagnosis_rows(runs, failing_above=1.5)
     assert [row[2:6] for row in rows] == [
         ["0 / 1", "0 / 1", "1 / 1", "0 / 1"],
@@ -625,6 +627,12 @@ def test_trust_table_keeps_the_held_out_draws_apart(bench):
         ["consistency", "3"],
         [f"consistency, held out (draws {held_out + 6})", "1"],
     ]
+    # Reports made before the inputs' score keep the verdict of their time:
+    # the walks' score below -0.01 cleared an excess.
+    for r in runs:
+        del r["fit_report"]["scores"]["excess_class_input_disagreement"]
+    assert trust.diagnosis_rows(runs, failing_above=1.5)[0][2:4] == ["0 / 1", "0 / 1"]
+    # Without either score (older reports still), those columns are left out.
     for r in runs:
         del r["fit_report"]["scores"]["excess_class_low_visit"]
     assert len(trust.diagnosis_rows(runs, failing_above=1.5)[0]) == len(rows[0]) - 2

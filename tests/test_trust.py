@@ -81,12 +81,13 @@ def test_the_low_visit_score_tells_a_handed_over_region_from_a_frequent_class():
     assert handed_over.scores["excess_class_low_visit"] > 0.1
     assert frequent.verdict == handed_over.verdict == "suspect"
     # The frequent class among its labels while 100 "dog" predictions lie
-    # where no walk goes: the excess class is clearly the better visited,
-    # which reads as a frequent class, and the verdict is "ok".
+    # where no walk goes: the excess class is clearly the better visited.
+    # The verdict does not read the walks (they see the fit's own
+    # embedding): without the inputs' opinion the excess stays suspect.
     better_visited = _report(np.repeat([0, 1], [650, 350]), foreign=100)
     assert better_visited.scores["class_share_excess"] == pytest.approx(0.15)
     assert better_visited.scores["excess_class_low_visit"] == pytest.approx(-100 / 350)
-    assert better_visited.verdict == "ok" and better_visited.reasons == ()
+    assert better_visited.verdict == "suspect"
     # The score is NaN when no class is expected.
     unchecked = diagnose_embeddings(
         *_parts(np.repeat([0, 1], [650, 350])), None, np.array(["cat", "dog"])
@@ -97,15 +98,65 @@ def test_the_low_visit_score_tells_a_handed_over_region_from_a_frequent_class():
 def test_the_verdict_clears_a_share_excess_only_beyond_the_margin():
     scores = {"class_share_ratio": 1.3, "class_share_z": 10.0}
     assert is_suspect(scores)  # reports stored before the score existed
-    for low_visit, suspect in [
+    for disagreement, suspect in [
         (math.nan, True),
         (None, True),
         (0.2, True),
         (-FREQUENT_CLASS_MARGIN / 2, True),
         (-2 * FREQUENT_CLASS_MARGIN, False),
     ]:
-        assert is_suspect({**scores, "excess_class_low_visit": low_visit}) is suspect
+        scores["excess_class_input_disagreement"] = disagreement
+        assert is_suspect(scores) is suspect
     assert not is_suspect({**scores, "class_share_ratio": 1.05})
+    # The walks' score clears nothing, however low.
+    assert is_suspect(
+        {
+            "class_share_ratio": 1.3,
+            "class_share_z": 10.0,
+            "excess_class_low_visit": -1.0,
+        }
+    )
+
+
+def _spread_report(pred_unlabeled, spread):
+    """A report of 1,000 unlabeled samples (uniform shares expected) whose
+    labels spread over the inputs give the classes ``spread``."""
+    return diagnose_embeddings(
+        *_parts(pred_unlabeled),
+        np.array([0.5, 0.5]),
+        np.array(["cat", "dog"]),
+        spread=np.asarray(spread),
+    )
+
+
+def test_the_inputs_clear_a_frequent_class_but_not_a_handed_over_region():
+    rng = np.random.default_rng(0)
+    pred = np.repeat([0, 1], [650, 350])
+    # The spread labels err on a tenth of every class alike: the excess
+    # class is no worse than the other, nothing clears the excess.
+    noisy = np.where(rng.random(1000) < 0.1, 1 - pred, pred)
+    alike = _spread_report(pred, noisy)
+    assert alike.scores["excess_class_input_disagreement"] == pytest.approx(
+        np.mean(noisy[:650] != 0) - np.mean(noisy[650:] != 1)
+    )
+    assert alike.verdict == "suspect"
+    # A frequent class: the spread labels agree with every cat, err on a
+    # tenth of the dogs: "ok".
+    frequent = _spread_report(pred, np.where(np.arange(1000) < 650, 0, noisy))
+    assert frequent.scores["excess_class_input_disagreement"] == pytest.approx(
+        -np.mean(noisy[650:] != 1)
+    )
+    assert frequent.verdict == "ok" and frequent.reasons == ()
+    # A region handed to "cat": the inputs put 150 of the cats with the dog
+    # labels, and the excess stays suspect.
+    handed_over = _spread_report(pred, np.where(np.arange(1000) < 500, 0, 1))
+    assert handed_over.scores["excess_class_input_disagreement"] == pytest.approx(
+        150 / 650
+    )
+    assert handed_over.verdict == "suspect"
+    # Spread labels must be one per graph row.
+    with pytest.raises(ValueError, match="one per row"):
+        _spread_report(pred, noisy[:10])
 
 
 def test_report_compares_with_given_shares_and_ignores_noise():
