@@ -67,13 +67,18 @@ def spread_labels(features, labeled, y_labeled, unlabeled, seed):
     Returns
     -------
     classes : ndarray of shape (len(unlabeled),) or None
-        None when the labels cannot spread (fewer than two classes, or
-        too few rows for a neighbour).
+        -1 for rows that no label reaches (no opinion, which disagrees with
+        every class); None when the labels cannot spread (fewer than two
+        classes, or too few rows for a neighbour).
     """
     n_rows = len(labeled) + len(unlabeled)
     if len(np.unique(y_labeled)) < 2 or len(unlabeled) == 0 or n_rows < 3:
         return None
-    view = _reduced(_rows(features, np.concatenate([labeled, unlabeled]), seed), seed)
+    rows = _rows(features, np.concatenate([labeled, unlabeled]), seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # Constant inputs have no variance to explain: the reductions'
+        # explained-variance ratios divide by zero, which nothing reads.
+        view = _reduced(rows, seed)
     target = np.concatenate([y_labeled, np.full(len(unlabeled), -1)])
     spreading = LabelSpreading(
         kernel="knn", n_neighbors=min(NEIGHBOURS, n_rows - 1), max_iter=100
@@ -83,7 +88,12 @@ def spread_labels(features, labeled, y_labeled, unlabeled, seed):
         # LabelSpreading's tolerance; only the classes are read.
         warnings.simplefilter("ignore", ConvergenceWarning)
         spreading.fit(view, target)
-    return spreading.transduction_[len(labeled) :]
+    classes = spreading.transduction_[len(labeled) :].copy()
+    # A row without a path to any label keeps an empty distribution, which
+    # transduction_ reads as the first class: it has no opinion instead.
+    reached = spreading.label_distributions_[len(labeled) :].sum(1) > 0
+    classes[~reached] = -1
+    return classes
 
 
 def _rows(features, indices, seed):

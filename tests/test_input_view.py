@@ -1,5 +1,7 @@
 """The report's second opinion: labels spread over the inputs (_input_view)."""
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -45,6 +47,28 @@ def test_images_and_sparse_rows_spread_too():
     wide = wide.tocsr()
     spread = spread_labels(lambda i: wide[i], labeled, y[labeled], unlabeled, 0)
     assert np.mean(spread == y[unlabeled]) > 0.9
+
+
+def test_rows_no_label_reaches_have_no_opinion_and_constant_inputs_are_quiet():
+    X, y, labeled, unlabeled = _two_groups(4, np.random.default_rng(3))
+    # A third group far away, none of it labeled: it keeps no class, not
+    # the first class (LabelSpreading's reading of an empty distribution).
+    far = 40 + 0.1 * np.random.default_rng(4).standard_normal((100, 4))
+    X = np.concatenate([X, far.astype(np.float32)])
+    unlabeled = np.concatenate([unlabeled, 200 + np.arange(100)])
+    for codes in (y[labeled], 1 - y[labeled]):
+        spread = spread_labels(lambda rows: X[rows], labeled, codes, unlabeled, 0)
+        assert np.all(spread[-100:] == -1)
+    constant = np.zeros((80, 100), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spread_labels(
+            lambda rows: constant[rows],
+            np.arange(4),
+            np.array([0, 0, 1, 1]),
+            np.arange(40, 80),
+            0,
+        )
 
 
 def test_a_single_labeled_class_spreads_nothing():
