@@ -154,6 +154,21 @@ def extended_meta(meta, device, command):
     return {**environment(device), "commands": commands, **notes}
 
 
+def save_results(path, results, script, argv, device):
+    """Write ``results`` to ``path``, their ``meta`` extended by this run of
+    ``benchmarks/<script>`` with ``argv`` (``sys.argv``'s when None)."""
+    argv = sys.argv[1:] if argv is None else argv
+    command = " ".join([f"python benchmarks/{script}", *argv])
+    results["meta"] = extended_meta(results.get("meta", {}), device, command)
+    write_json(path, results)
+
+
+def publish_table(path, table):
+    """Write ``table`` beside the results file ``path`` (``.rst``) and print it."""
+    write_text(Path(path).with_suffix(".rst"), table)
+    print(table)
+
+
 def commands_text(meta):
     """The commands of a results file's ``meta`` as rST literals joined by
     "and", each once (a resumed run repeats its own command)."""

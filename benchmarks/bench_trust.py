@@ -26,7 +26,6 @@ import argparse
 import concurrent.futures
 import math
 import multiprocessing
-import sys
 import time
 from collections import Counter
 
@@ -210,13 +209,14 @@ CLEARING_SCORES = {
 }
 
 
+def _held_by_all(runs, score):
+    return all(score in r["fit_report"]["scores"] for r in runs)
+
+
 def clearing_score(runs):
     """The clearing score that every report holds, or None (reports made
     before any existed: their verdict is the share rule alone)."""
-    for score in CLEARING_SCORES:
-        if all(score in r["fit_report"]["scores"] for r in runs):
-            return score
-    return None
+    return next((s for s in CLEARING_SCORES if _held_by_all(runs, s)), None)
 
 
 def verdict_rule(clearing):
@@ -245,7 +245,7 @@ def _flagged_by(clearing):
 
 def _shown_scores(runs):
     """The scores whose AUC the table gives: those every report holds."""
-    return tuple(s for s in SCORES if all(s in r["fit_report"]["scores"] for r in runs))
+    return tuple(s for s in SCORES if _held_by_all(runs, s))
 
 
 def _finite_scores(runs, score):
@@ -490,13 +490,8 @@ def main(argv=None):
         import torch
 
         device = torch.device("cuda" if args.device == "cuda" else "cpu")
-        argv = sys.argv[1:] if argv is None else argv
-        command = " ".join(["python benchmarks/bench_trust.py", *argv])
-        results["meta"] = h.extended_meta(results.get("meta", {}), device, command)
-        h.write_json(path, results)
-    table = render(results, args.failing_above)
-    h.write_text(path.with_suffix(".rst"), table)
-    print(table)
+        h.save_results(path, results, "bench_trust.py", argv, device)
+    h.publish_table(path, render(results, args.failing_above))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ works in two steps:
 
 import argparse
 import math
-import sys
 
 import _harness as h
 import numpy as np
@@ -28,8 +27,9 @@ from bench_trust import FAILING_ABOVE, draw_spans, roc_auc
 
 from skassoc._diagnosis import (
     FREQUENT_CLASS_MARGIN,
-    GRAPH_SAMPLES,
     _input_disagreement,
+    graph_step,
+    is_suspect,
     largest_excess,
     report_samples,
     share_excess,
@@ -84,19 +84,18 @@ def _replayed(recipe, draw, fitted, predicted, X, y):
     encoded = make_semi_supervised_labels(y, 10, random_state=draw)
     seed = fit_seed(draw)  # the seed the fit's report used
     labeled, unlabeled = report_samples(encoded, seed)
-    graph = unlabeled[:: math.ceil(len(unlabeled) / GRAPH_SAMPLES)]
+    graph = unlabeled[:: graph_step(len(unlabeled))]
     spread = spread_labels(lambda rows: X[rows], labeled, encoded[labeled], graph, seed)
     report = fitted["report"]
     excess = largest_excess(report["predicted_shares"], report["expected_shares"])
     score = _input_disagreement(spread, predicted[graph], excess)
-    shares = share_excess(report["scores"])
     return {
         "recipe": recipe,
         "draw": draw,
         "test_error_percent": fitted["err"],
         "score": score,
-        "shares_alone": bool(shares),
-        "verdict": bool(shares and not score < -FREQUENT_CLASS_MARGIN),
+        "shares_alone": bool(share_excess(report["scores"])),
+        "verdict": bool(is_suspect({**report["scores"], SCORE: score})),
         "verdict_at_fit": report["verdict"] == "suspect",
     }
 
@@ -169,20 +168,15 @@ def main(argv=None):
     if args.fit:
         return fit(args.fit, [j for j in args.jobs.split(",") if j])
     path = h.Path(args.json)
-    results = {"runs": replay(args.predictions)} if args.predictions else {}
-    if not results:
-        results = h.load_json(path)
-    else:
+    results = h.load_json(path) if path.exists() else {"meta": {}}
+    if args.predictions:
         import torch
 
-        argv = sys.argv[1:] if argv is None else argv
-        command = " ".join(["python benchmarks/bench_trust_inputs.py", *argv])
-        meta = h.load_json(path)["meta"] if path.exists() else {}
-        results["meta"] = h.extended_meta(meta, torch.device("cpu"), command)
-        h.write_json(path, results)
-    table = render(results)
-    h.write_text(path.with_suffix(".rst"), table)
-    print(table)
+        # New replays replace the runs; the notes on how the fits were made stay.
+        results["runs"] = replay(args.predictions)
+        cpu = torch.device("cpu")
+        h.save_results(path, results, "bench_trust_inputs.py", argv, cpu)
+    h.publish_table(path, render(results))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ to ``benchmarks/results/trust_seeds_<device>.json`` and the table to
 """
 
 import argparse
-import sys
 import warnings
 
 import _harness as h
@@ -119,13 +118,8 @@ def main(argv=None):
             ]
             for fit in run_draw(draw, todo, data, args.device):
                 results["runs"][f"{draw}/{fit['seed']}"] = fit
-        argv = sys.argv[1:] if argv is None else argv
-        command = " ".join(["python benchmarks/bench_trust_seeds.py", *argv])
-        results["meta"] = h.extended_meta(results.get("meta", {}), device, command)
-        h.write_json(path, results)
-    text = render(results)
-    h.write_text(path.with_suffix(".rst"), text)
-    print(text)
+        h.save_results(path, results, "bench_trust_seeds.py", argv, device)
+    h.publish_table(path, render(results))
 
 
 if __name__ == "__main__":

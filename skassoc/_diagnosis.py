@@ -41,6 +41,7 @@ __all__ = [
     "largest_excess",
     "diagnose_embeddings",
     "fit_report",
+    "graph_step",
     "warn_if_suspect",
 ]
 
@@ -297,6 +298,13 @@ def class_share_scores(proba_unlabeled, expected, expected_from=None):
     return shares, worst, float(excess[worst]), float(excess[worst] / noise)
 
 
+def graph_step(n_unlabeled):
+    """Every how many unlabeled samples one is a row of the association
+    graph: at most :data:`GRAPH_SAMPLES` rows, evenly spaced (samples
+    ordered by class keep every class)."""
+    return max(1, math.ceil(n_unlabeled / GRAPH_SAMPLES))
+
+
 def _graph_scores(emb_labeled, y_labeled, emb_unlabeled, predicted, excess_class):
     """Visit and round-trip scores of the association graph (torch, float32),
     on at most :data:`GRAPH_SAMPLES` unlabeled samples (evenly spaced over
@@ -305,7 +313,7 @@ def _graph_scores(emb_labeled, y_labeled, emb_unlabeled, predicted, excess_class
     ``predicted`` holds the predicted classes of ``emb_unlabeled``'s rows;
     ``excess_class`` is the class of the largest share excess, or None.
     """
-    step = math.ceil(len(emb_unlabeled) / GRAPH_SAMPLES)
+    step = graph_step(len(emb_unlabeled))
     a = torch.as_tensor(emb_labeled, dtype=torch.float32)
     b = torch.as_tensor(emb_unlabeled[::step], dtype=torch.float32)
     similarity = a @ b.T
@@ -633,7 +641,7 @@ def fit_report(embed, logits_layer, encoded, classes, class_prior, seed, feature
     emb_labeled, proba_labeled = embed_and_proba(labeled)
     # A chunk at a time, keeping the embeddings of the graph's samples only:
     # the report's memory stays far below that of its samples' inputs.
-    step = max(1, math.ceil(len(unlabeled) / GRAPH_SAMPLES))
+    step = graph_step(len(unlabeled))
     graph, proba = [], []
     for start in range(0, len(unlabeled), REPORT_CHUNK):
         emb, chunk_proba = embed_and_proba(unlabeled[start : start + REPORT_CHUNK])
