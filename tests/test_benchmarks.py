@@ -649,13 +649,37 @@ def test_trust_table_spans_runs_of_draws_as_the_command_line_reads_them(bench):
 
 
 @pytest.mark.parametrize(
-    "name", ["trust_cuda", "trust_verdict_cuda", "trust_refits_cuda"]
+    "name",
+    ["trust_cuda", "trust_verdict_cuda", "trust_refits_cuda", "trust_inputs_cuda"],
 )
 def test_trust_tables_are_rendered_from_their_files(bench, name):
     trust = bench("bench_trust")
     committed = json.loads((RESULTS / f"{name}.json").read_text())
     table = trust.render(committed, trust.FAILING_ABOVE)
     assert table == (RESULTS / f"{name}.rst").read_text()
+
+
+def test_trust_inputs_replay_scores_a_handed_over_region_as_fit_would(bench):
+    script = bench("bench_trust_inputs")
+    committed = json.loads((RESULTS / "trust_inputs_replay.json").read_text())
+    assert script.render(committed) == (RESULTS / "trust_inputs_replay.rst").read_text()
+    # Three groups of inputs; the fit hands 40 samples of group 1 to class 0.
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], 100)
+    X = (5 * np.eye(3)[y] + 0.3 * rng.standard_normal((300, 3))).astype(np.float32)
+    predicted = y.copy()
+    predicted[100:140] = 0
+    shares = (np.bincount(predicted) / 300).tolist()
+    report = {
+        "verdict": "suspect",
+        "predicted_shares": shares,
+        "expected_shares": [1 / 3] * 3,
+        "scores": {"class_share_ratio": 1.4, "class_share_z": 10.0},
+    }
+    run = script._replayed("fast", 0, {"err": 2.0, "report": report}, predicted, X, y)
+    assert run["shares_alone"] and run["verdict"] and run["verdict_at_fit"]
+    # 40 of class 0's 140 predictions lie among group 1's labels.
+    assert run["score"] == pytest.approx(40 / 140, abs=0.05)
 
 
 def test_trust_seeds_table_counts_the_failed_fits_of_each_draw(bench):
