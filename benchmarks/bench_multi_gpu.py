@@ -3,6 +3,8 @@
 ``docs/benchmarks/speed.rst`` says what the tables measure::
 
     python benchmarks/bench_multi_gpu.py --gpus 1,2,4
+    python benchmarks/bench_multi_gpu.py --gpus 1,2 --only throughput \\
+        --json benchmarks/results/multi_gpu_cuda_x2.json
     python benchmarks/bench_multi_gpu.py --gpus 1,4 --only accuracy
     python benchmarks/bench_multi_gpu.py --device cpu --only accuracy \\
         --gpus 1,2 --accuracy-steps 5 --train-subset 2000 --eval-subset 500
@@ -46,6 +48,11 @@ CASES = {
     # Compute-bound: the SVHN network on 32x32 colour images, a large batch.
     "svhn32, 2,000 unlabeled": dict(
         network="svhn", image_size=32, image_channels=3, unlabeled_batch_size=2000
+    ),
+    # Compute-bound, and a network with batch norm (synchronised over the
+    # processes): the STL-10 network on 96x96 colour images.
+    "stl10 96x96, 1,000 unlabeled": dict(
+        network="stl10", image_size=96, image_channels=3, unlabeled_batch_size=1000
     ),
     # The paper's MNIST recipe with a 4x unlabeled batch: latency-bound.
     "mnist paper, 400 unlabeled": {

@@ -28,7 +28,7 @@ from ._engine._runner import (
     check_same_everywhere,
     raised_together,
 )
-from ._engine._step import has_batch_norm
+from ._engine._sync_batch_norm import check_batch_norms
 from ._fitted import FittedState, set_fitted_state
 from ._params import param_value, varying_params
 from ._prior import uniform_prior
@@ -107,7 +107,7 @@ def train_estimators(
             models, batches, members, runner = _build(
                 estimators, inputs, settings, previous, validation, loss_weights, group
             )
-        with runner:
+        with runner, runner.whole_batch_norms(models):
             runner.broadcast_parameters(models[0])
             results = train(models, batches, configs, runner, members)
         # Inside the thread setting: class_prior="auto" predicts on the CPU.
@@ -123,12 +123,8 @@ def _build(estimators, inputs, settings, previous, validation, loss_weights, gro
     # sampler of shuffled epochs takes its seed from the CPU generator).
     model = estimators[0]._initial_model(inputs, settings, previous)
     batches = make_batches(inputs, settings, loss_weights)
-    if group is not None and has_batch_norm(model):
-        raise ValueError(
-            "Networks with batch norm (the STL-10 network) do not train "
-            "data-parallel: each process would normalise its share of the "
-            "batch with statistics of its own. Fit it on one device."
-        )
+    if group is not None:
+        check_batch_norms(model)
     models = [model] + [copy.deepcopy(model) for _ in estimators[1:]]
     training = settings.training
     runner = DeviceRunner(

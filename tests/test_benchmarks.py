@@ -50,6 +50,14 @@ def bench(monkeypatch):
         ("bench_halving", ["--device=cpu"], "halving_cpu"),
         ("bench_multi_gpu", ["--device=cuda"], "multi_gpu_cuda"),
         ("bench_multi_gpu_search", ["--device=cuda"], "multi_gpu_search_cuda"),
+        *[
+            (script, ["--device=cuda", f"--json={RESULTS / table}.json"], table)
+            for script, table in [
+                ("bench_multi_gpu", "multi_gpu_cuda_x2"),
+                ("bench_multi_gpu", "multi_gpu_cuda_x2_plain_ops"),
+                ("bench_multi_gpu_search", "multi_gpu_search_cuda_x2"),
+            ]
+        ],
         ("bench_sparse_memory", [], "sparse_memory_cpu"),
         ("bench_label_suggestions", [], "label_suggestions_cpu"),
     ],

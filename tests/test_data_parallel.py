@@ -31,8 +31,9 @@ WORKER = textwrap.dedent(
     from skassoc import SemiSupervisedAssociationClassifier
     from skassoc.callbacks import Callback, Checkpoint
 
-    rank, world, rendezvous, out, params, backend = sys.argv[1:7]
+    rank, world, rendezvous, out, params, backend, norm_params = sys.argv[1:8]
     rank, world, params = int(rank), int(world), json.loads(params)
+    BATCH_NORM_PARAMS = json.loads(norm_params)
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -133,6 +134,16 @@ WORKER = textwrap.dedent(
             SemiSupervisedAssociationClassifier(**mine).fit(X, y)
         except Exception as exc:
             results[name] = [type(exc).__name__, str(exc)]
+    # A network with batch norm: every process normalises its share with
+    # the whole batch's statistics (one step, in float32).
+    images = np.random.default_rng(0).integers(0, 256, (40, 3, 32, 32))
+    normed = SemiSupervisedAssociationClassifier(
+        **{**params, **BATCH_NORM_PARAMS}, max_iter=1
+    ).fit(images.astype(np.uint8), y[:40])
+    torch.save(normed.training_state_.exp_avg, f"{out}/normed_first{rank}.pt")
+    torch.save(normed.model_.state_dict(), f"{out}/normed{rank}.pt")
+    kinds = {type(module).__name__ for module in normed.model_.modules()}
+    results["norm_types"] = sorted(kind for kind in kinds if "Norm" in kind)
     # A stacked search trains in each process on its own, even with one
     # candidate (its processes' seeds differ here).
     from skassoc.model_selection import (
@@ -162,6 +173,23 @@ WORKER = textwrap.dedent(
 )
 
 
+#: The batch-norm fit of the workers: the STL-10 network on their 40 random
+#: 32x32 colour images (the first 40 labels of the blobs), in float32.
+BATCH_NORM_PARAMS = {
+    "network": "stl10",
+    "embedding_dim": 8,
+    "labeled_per_class": 2,
+    "unlabeled_batch_size": 9,
+    "precision": "fp32",
+}
+
+
+def batch_norm_images(y):
+    """The workers' images and labels of the batch-norm fit."""
+    images = np.random.default_rng(0).integers(0, 256, (40, 3, 32, 32))
+    return images.astype(np.uint8), y[:40]
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def two_processes(request, tmp_path_factory):
     """Run the worker in 2 processes of a backend; the folder of their
@@ -181,6 +209,7 @@ def two_processes(request, tmp_path_factory):
                 str(out),
                 json.dumps(data_parallel_params(backend, rank)),
                 backend,
+                json.dumps(BATCH_NORM_PARAMS),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -199,7 +228,7 @@ def one_process(backend, **params):
     """The estimator of the processes' fit, fitted in this process alone
     (on the first GPU for NCCL's pair)."""
     return SemiSupervisedAssociationClassifier(
-        **data_parallel_params(backend), **params
+        **{**data_parallel_params(backend), **params}
     )
 
 
@@ -252,6 +281,38 @@ def test_the_processes_train_the_model_of_one_process(two_processes, blobs_for_w
             results[0]["history"][name], one.history_[name], rtol=1e-4
         )
     assert results[0]["history"] == results[1]["history"]
+
+
+def test_batch_norm_sees_the_whole_batch_in_every_process(
+    two_processes, blobs_for_workers
+):
+    """The STL-10 network's batch norms: the first step's gradients and
+    running statistics are those of one process on the whole batch, and
+    the fitted model holds plain batch norms again."""
+    out, results, backend = two_processes
+    one = one_process(backend, **BATCH_NORM_PARAMS, max_iter=1).fit(
+        *batch_norm_images(blobs_for_workers[1])
+    )
+    moments = one.training_state_.exp_avg
+    # The convolutions' biases before a batch norm have no true gradient
+    # (the norm takes the mean out): theirs is rounding noise, so the
+    # tolerance is relative to the largest gradient of the model.
+    largest = max(moment.abs().max().item() for moment in moments.values())
+    buffers = {k: v for k, v in one.model_.state_dict().items() if "running" in k}
+    assert buffers
+    for rank in range(2):
+        assert results[rank]["norm_types"] == ["BatchNorm2d"]
+        first = load(out / f"normed_first{rank}.pt")
+        for name, moment in moments.items():
+            torch.testing.assert_close(
+                first[name], moment.cpu(), rtol=0, atol=1e-4 * largest
+            )
+        weights = load(out / f"normed{rank}.pt")
+        for name, tensor in buffers.items():
+            # Means of values near zero, summed in another order: absolute.
+            torch.testing.assert_close(
+                weights[name], tensor.cpu(), rtol=1e-4, atol=1e-6
+            )
 
 
 def test_callbacks_know_their_process_and_process_0_alone_checkpoints(

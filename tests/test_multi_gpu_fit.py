@@ -27,6 +27,28 @@ def test_one_fit_on_two_gpus_trains_the_model_of_one_gpu():
     assert abs(two.score(X, y) - one.score(X, y)) < 0.02
 
 
+def test_batch_norm_on_two_gpus_trains_the_model_of_one_gpu():
+    """The STL-10 network's batch norms see the whole batch (torch's
+    SyncBatchNorm), also in the captured CUDA graph of every step."""
+    X, y = load_digits(return_X_y=True)
+    X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
+    y_semi = np.where(np.arange(len(y)) % 5 == 0, y, -1)
+    params = dict(
+        network="stl10",
+        image_size=32,
+        image_channels=3,
+        max_iter=100,
+        random_state=0,
+        labeled_per_class=5,
+        precision="fp32",
+    )
+    two = SemiSupervisedAssociationClassifier(**params, devices=[0, 1]).fit(X, y_semi)
+    one = SemiSupervisedAssociationClassifier(**params, device="cuda:0").fit(X, y_semi)
+    assert type(two.model_.embedder.features[1]) is torch.nn.BatchNorm2d
+    np.testing.assert_allclose(two.history_["total"], one.history_["total"], rtol=0.05)
+    assert abs(two.score(X, y) - one.score(X, y)) < 0.03
+
+
 def test_torchrun_fits_one_model_over_its_processes(tmp_path):
     """Every rank calls fit on the same data; all end with the same model."""
     import subprocess

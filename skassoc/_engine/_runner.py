@@ -20,6 +20,7 @@ from ._device import (
     own_stream,
     precision_context,
 )
+from ._sync_batch_norm import synced_batch_norms
 
 __all__ = ["DeviceRunner"]
 
@@ -165,6 +166,20 @@ class DeviceRunner:
             rows = torch.cat([rows, padding])
         parts = _GatherRows.apply(rows, self.group, self.world_size, self.rank)
         return torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
+
+    def whole_batch_norms(self, models):
+        """A context in which the batch norms of ``models`` normalise with
+        the whole step's statistics, not a process's share's (nothing for
+        one process). See :mod:`._sync_batch_norm`."""
+        if self.world_size == 1:
+            return contextlib.nullcontext()
+        return synced_batch_norms(
+            models, self.device, self.group, self._gather_one_row_each
+        )
+
+    def _gather_one_row_each(self, row):
+        """Every process's ``row`` of shape ``(1, k)``, as ``(world_size, k)``."""
+        return self.gather_rows(row, [1] * self.world_size)
 
     def average_gradients(self, params):
         """Average the gradients of ``params`` over the processes, in place.
