@@ -475,7 +475,8 @@ class SemiSupervisedAssociationClassifier(
         again in the caller once the fit is done. Numeric arrays are
         copied once into shared memory (``/dev/shm``, which containers may
         keep small; a memory map is opened by each process instead).
-        Networks with batch norm are refused. Under ``torchrun`` leave it
+        Batch norms normalise with the whole batch's statistics (torch's
+        ``SyncBatchNorm`` on GPUs). Under ``torchrun`` leave it
         None (several devices are refused there): a fit in a process of an
         initialized ``torch.distributed`` group trains with the group.
         ``StackedGridSearchCV`` trains its folds' candidates in one process

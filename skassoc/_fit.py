@@ -26,6 +26,7 @@ from ._engine._loop import Member, train
 from ._engine._runner import (
     DeviceRunner,
     check_same_everywhere,
+    computed_by_process_0,
     raised_together,
 )
 from ._engine._sync_batch_norm import check_batch_norms
@@ -113,7 +114,7 @@ def train_estimators(
         # Inside the thread setting: class_prior="auto" predicts on the CPU.
         for est, m, result in zip(estimators, models, results, strict=True):
             if result.failed_at is None:
-                _set_state(est, m, result, inputs, settings)
+                _set_state(est, m, result, inputs, settings, group)
     return results
 
 
@@ -226,21 +227,14 @@ def _snapshot(estimator, run, inputs, settings):
     return fitted
 
 
-def _set_state(estimator, model, result, inputs, settings):
-    """Give ``estimator`` the fitted state of its trained ``model``."""
-    class_prior = report = None
-    try:
-        class_prior = estimator._fitted_class_prior(model, inputs, settings)
-        if estimator.fit_report:
-            report = estimator._fit_report(model, inputs, settings)
-    except KeyboardInterrupt:
-        # Training has ended: its model is kept, without a report and (when
-        # they were being estimated) with equal class frequencies.
-        result.after_training_interrupted = (
-            "class_prior" if class_prior is None else "report"
-        )
-        if class_prior is None:
-            class_prior = uniform_prior(len(inputs.classes))
+def _set_state(estimator, model, result, inputs, settings, group):
+    """Give ``estimator`` the fitted state of its trained ``model`` (in a
+    group, process 0 estimates the class frequencies and writes the report
+    for every process: they hold the same model)."""
+    class_prior, report, interrupted = computed_by_process_0(
+        group, lambda: _after_training(estimator, model, inputs, settings)
+    )
+    result.after_training_interrupted = interrupted
     state = _fitted_state(
         model,
         class_prior,
@@ -252,6 +246,23 @@ def _set_state(estimator, model, result, inputs, settings):
         fit_report=report,
     )
     set_fitted_state(estimator, state)
+
+
+def _after_training(estimator, model, inputs, settings):
+    """The fitted class frequencies and report of ``model``, and what a
+    Ctrl-C interrupted of them (None: nothing)."""
+    class_prior = report = interrupted = None
+    try:
+        class_prior = estimator._fitted_class_prior(model, inputs, settings)
+        if estimator.fit_report:
+            report = estimator._fit_report(model, inputs, settings)
+    except KeyboardInterrupt:
+        # Training has ended: its model is kept, without a report and (when
+        # they were being estimated) with equal class frequencies.
+        interrupted = "class_prior" if class_prior is None else "report"
+        if class_prior is None:
+            class_prior = uniform_prior(len(inputs.classes))
+    return class_prior, report, interrupted
 
 
 def _fitted_state(model, class_prior, inputs, settings, **run):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 WORKER = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, pickle, sys
     import numpy as np, torch, torch.distributed as dist
     from sklearn.datasets import make_blobs
     from skassoc import SemiSupervisedAssociationClassifier
@@ -136,14 +136,46 @@ WORKER = textwrap.dedent(
             results[name] = [type(exc).__name__, str(exc)]
     # A network with batch norm: every process normalises its share with
     # the whole batch's statistics (one step, in float32).
+    class NormSeen(Callback):
+        # What callbacks see of the network: its own batch norm, whose
+        # hooks ran in the steps; a snapshot pickles (a checkpoint's copy).
+
+        def on_fit_begin(self, run):
+            self.norm, self.calls = run.model.embedder.features[1], []
+            self.hook = self.norm.register_forward_hook(
+                lambda *args: self.calls.append(1)
+            )
+
+        def on_fit_end(self, run):
+            now = run.model.embedder.features[1]
+            results["norm_seen"] = [now is self.norm, len(self.calls)]
+            self.hook.remove()  # (a lambda does not pickle)
+            results["snapshot_bytes"] = len(pickle.dumps(run.snapshot()))
+
     images = np.random.default_rng(0).integers(0, 256, (40, 3, 32, 32))
     normed = SemiSupervisedAssociationClassifier(
-        **{**params, **BATCH_NORM_PARAMS}, max_iter=1
+        **{**params, **BATCH_NORM_PARAMS}, max_iter=1, callbacks=[NormSeen()]
     ).fit(images.astype(np.uint8), y[:40])
     torch.save(normed.training_state_.exp_avg, f"{out}/normed_first{rank}.pt")
     torch.save(normed.model_.state_dict(), f"{out}/normed{rank}.pt")
     kinds = {type(module).__name__ for module in normed.model_.modules()}
     results["norm_types"] = sorted(kind for kind in kinds if "Norm" in kind)
+    # Work after training: process 0's alone, its result (or failure)
+    # given to every process.
+    from skassoc._engine._runner import computed_by_process_0
+
+    results["computed"] = computed_by_process_0(dist.group.WORLD, lambda: rank)
+
+    def fails_in_process_0():
+        if rank == 0:
+            raise OSError("no space left for the report")
+        return rank
+
+    try:
+        computed_by_process_0(dist.group.WORLD, fails_in_process_0)
+    except Exception as exc:
+        results["after_training"] = [type(exc).__name__, str(exc)]
+    results["report"] = [fitted.fit_report_.verdict, repr(fitted.class_prior_)]
     # A stacked search trains in each process on its own, even with one
     # candidate (its processes' seeds differ here).
     from skassoc.model_selection import (
@@ -287,8 +319,8 @@ def test_batch_norm_sees_the_whole_batch_in_every_process(
     two_processes, blobs_for_workers
 ):
     """The STL-10 network's batch norms: the first step's gradients and
-    running statistics are those of one process on the whole batch, and
-    the fitted model holds plain batch norms again."""
+    running statistics are those of one process on the whole batch;
+    callbacks and the fitted model see the network's own batch norms."""
     out, results, backend = two_processes
     one = one_process(backend, **BATCH_NORM_PARAMS, max_iter=1).fit(
         *batch_norm_images(blobs_for_workers[1])
@@ -302,6 +334,9 @@ def test_batch_norm_sees_the_whole_batch_in_every_process(
     assert buffers
     for rank in range(2):
         assert results[rank]["norm_types"] == ["BatchNorm2d"]
+        # One step, one pass of the network: its norm's hook ran once.
+        assert results[rank]["norm_seen"] == [True, 1]
+        assert results[rank]["snapshot_bytes"] > 0
         first = load(out / f"normed_first{rank}.pt")
         for name, moment in moments.items():
             torch.testing.assert_close(
@@ -313,6 +348,17 @@ def test_batch_norm_sees_the_whole_batch_in_every_process(
             torch.testing.assert_close(
                 weights[name], tensor.cpu(), rtol=1e-4, atol=1e-6
             )
+
+
+def test_work_after_training_is_process_0s_and_every_process_gets_it(
+    two_processes,
+):
+    _, results, _ = two_processes
+    assert [results[rank]["computed"] for rank in range(2)] == [0, 0]
+    assert results[0]["report"] == results[1]["report"]
+    assert results[0]["after_training"] == ["OSError", "no space left for the report"]
+    kind, message = results[1]["after_training"]
+    assert kind == "RuntimeError" and "Process 0 of the group failed" in message
 
 
 def test_callbacks_know_their_process_and_process_0_alone_checkpoints(

@@ -10,6 +10,7 @@ from conftest import TWO_GPUS
 from sklearn.datasets import load_digits
 
 from skassoc import SemiSupervisedAssociationClassifier
+from skassoc.callbacks import Checkpoint
 
 pytestmark = pytest.mark.skipif(not TWO_GPUS, reason="needs two or more GPUs")
 
@@ -27,9 +28,10 @@ def test_one_fit_on_two_gpus_trains_the_model_of_one_gpu():
     assert abs(two.score(X, y) - one.score(X, y)) < 0.02
 
 
-def test_batch_norm_on_two_gpus_trains_the_model_of_one_gpu():
+def test_batch_norm_on_two_gpus_trains_the_model_of_one_gpu(tmp_path):
     """The STL-10 network's batch norms see the whole batch (torch's
-    SyncBatchNorm), also in the captured CUDA graph of every step."""
+    SyncBatchNorm), also in the captured CUDA graph of every step; a
+    checkpoint (a copy of the model between steps) holds plain ones."""
     X, y = load_digits(return_X_y=True)
     X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
     y_semi = np.where(np.arange(len(y)) % 5 == 0, y, -1)
@@ -42,9 +44,14 @@ def test_batch_norm_on_two_gpus_trains_the_model_of_one_gpu():
         labeled_per_class=5,
         precision="fp32",
     )
-    two = SemiSupervisedAssociationClassifier(**params, devices=[0, 1]).fit(X, y_semi)
+    checkpoint = Checkpoint(tmp_path / "ckpt-{step}.skassoc", every=50)
+    two = SemiSupervisedAssociationClassifier(
+        **params, devices=[0, 1], callbacks=[checkpoint]
+    ).fit(X, y_semi)
     one = SemiSupervisedAssociationClassifier(**params, device="cuda:0").fit(X, y_semi)
     assert type(two.model_.embedder.features[1]) is torch.nn.BatchNorm2d
+    saved = SemiSupervisedAssociationClassifier.load(tmp_path / "ckpt-100.skassoc")
+    assert type(saved.model_.embedder.features[1]) is torch.nn.BatchNorm2d
     np.testing.assert_allclose(two.history_["total"], one.history_["total"], rtol=0.05)
     assert abs(two.score(X, y) - one.score(X, y)) < 0.03
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from skassoc._engine._sync_batch_norm import check_batch_norms, synced_batch_norms
+from skassoc._engine._sync_batch_norm import WholeBatchNorms, check_batch_norms
 
 CPU = torch.device("cpu")
 
@@ -36,37 +36,45 @@ def test_a_group_of_one_trains_as_the_plain_norm(norm, shape, momentum):
     synced = nn.Sequential(norm(4, momentum=momentum).double())
     synced.load_state_dict(plain.state_dict())
     inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    own = synced[0]
+    seen = []  # the network's hooks run in the steps too
+    own.register_forward_hook(lambda module, args, out: seen.append(module))
+    norms = WholeBatchNorms([synced], CPU, None, alone)
     for _ in range(2):  # the running statistics' update, twice
         (plain(inputs[0]) * weights).sum().backward()
-        with synced_batch_norms([synced], CPU, None, alone):
+        with norms.installed():
             assert type(synced[0]).__name__ == "GroupBatchNorm"
             (synced(inputs[1]) * weights).sum().backward()
-    assert type(synced[0]) is norm
+    assert synced[0] is own
+    assert [type(module).__name__ for module in seen] == ["GroupBatchNorm"] * 2
     torch.testing.assert_close(inputs[1].grad, inputs[0].grad)
     for name, param in plain[0].named_parameters():
         torch.testing.assert_close(getattr(synced[0], name).grad, param.grad)
     for name, buffer in plain[0].named_buffers():
         torch.testing.assert_close(getattr(synced[0], name), buffer)
-    # Out of training the stand-in normalises with the running statistics.
-    with synced_batch_norms([synced.eval()], CPU, None, alone), torch.no_grad():
+    # Out of training (the model's mode when the step runs) the stand-in
+    # normalises with the running statistics.
+    synced.eval()
+    with norms.installed(), torch.no_grad():
         torch.testing.assert_close(synced(x), plain.eval()(x))
 
 
 @pytest.mark.parametrize(
     ("device", "stand_in"), [("cpu", "GroupBatchNorm"), ("cuda", "SyncBatchNorm")]
 )
-def test_the_fitted_norms_are_restored_however_training_ends(device, stand_in):
+def test_the_networks_own_norms_are_back_however_a_step_ends(device, stand_in):
     """On GPUs torch's SyncBatchNorm stands in (built here, never run)."""
     model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm3d(2))
-    weight, mean = model[1].weight, model[1].running_mean
+    own = model[1]
+    norms = WholeBatchNorms([model], torch.device(device), None, alone)
     with pytest.raises(RuntimeError, match="a step failed"):
-        with synced_batch_norms([model], torch.device(device), None, alone):
+        with norms.installed():
             assert type(model[1]).__name__ == stand_in
             # The same tensors, not copies.
-            assert model[1].weight is weight and model[1].running_mean is mean
+            assert model[1].weight is own.weight
+            assert model[1].running_mean is own.running_mean
             raise RuntimeError("a step failed")
-    assert type(model[1]) is nn.BatchNorm3d
-    assert model[1].weight is weight and model[1].running_mean is mean
+    assert model[1] is own
 
 
 @pytest.mark.parametrize(

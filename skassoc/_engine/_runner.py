@@ -20,7 +20,7 @@ from ._device import (
     own_stream,
     precision_context,
 )
-from ._sync_batch_norm import synced_batch_norms
+from ._sync_batch_norm import WholeBatchNorms
 
 __all__ = ["DeviceRunner"]
 
@@ -65,6 +65,7 @@ class DeviceRunner:
         self._graph = None
         self._eager_steps = 0
         self._exit = None
+        self._norms = None
 
     def __enter__(self):
         stack = contextlib.ExitStack()
@@ -103,7 +104,8 @@ class DeviceRunner:
         outside any graph) and is called for the step's device work.
         """
         step.prefetch()
-        with self.lock:
+        norms = self._norms.installed() if self._norms else contextlib.nullcontext()
+        with self.lock, norms:
             if not self.uses_graph:
                 step()
             elif self._eager_steps < GRAPH_WARMUP_STEPS:
@@ -167,15 +169,20 @@ class DeviceRunner:
         parts = _GatherRows.apply(rows, self.group, self.world_size, self.rank)
         return torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
 
+    @contextlib.contextmanager
     def whole_batch_norms(self, models):
-        """A context in which the batch norms of ``models`` normalise with
-        the whole step's statistics, not a process's share's (nothing for
-        one process). See :mod:`._sync_batch_norm`."""
-        if self.world_size == 1:
-            return contextlib.nullcontext()
-        return synced_batch_norms(
-            models, self.device, self.group, self._gather_one_row_each
-        )
+        """A context in whose steps (:meth:`run`) the batch norms of
+        ``models`` normalise with the whole step's statistics, not a
+        process's share's; nothing for one process. See
+        :mod:`._sync_batch_norm`."""
+        if self.world_size > 1:
+            self._norms = WholeBatchNorms(
+                models, self.device, self.group, self._gather_one_row_each
+            )
+        try:
+            yield
+        finally:
+            self._norms = None
 
     def _gather_one_row_each(self, row):
         """Every process's ``row`` of shape ``(1, k)``, as ``(world_size, k)``."""
@@ -317,6 +324,44 @@ def raised_together(group, what):
             _agree(True, group, what)
         raise
     _agree(False, group, what)
+
+
+def computed_by_process_0(group, compute):
+    """``compute()``, run by process 0 of ``group`` alone, its result given
+    to every process (without a group: just ``compute()``).
+
+    For work after training whose result every process needs and would
+    compute alike from the same model (the class frequencies, the fit's
+    report): the others' CPUs are spared, and all hold the same result.
+
+    Raises
+    ------
+    BaseException
+        In process 0, whatever ``compute`` raised; in the others, a
+        ``RuntimeError`` that says process 0 failed.
+    """
+    if group is None:
+        return compute()
+    source = dist.get_global_rank(group, 0)
+    payload = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            payload = [(True, compute())]
+        except BaseException:
+            # The others wait for the result: tell them there is none.
+            with contextlib.suppress(Exception):
+                dist.broadcast_object_list([(False, None)], src=source, group=group)
+            raise
+    dist.broadcast_object_list(payload, src=source, group=group)
+    computed, value = payload[0]
+    if not computed:
+        raise from_another_process(
+            RuntimeError(
+                "Process 0 of the group failed after training, computing what "
+                "every process's fitted state needs (its error is raised there)."
+            )
+        )
+    return value
 
 
 def _agree(failed, group, what):

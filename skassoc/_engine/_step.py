@@ -66,7 +66,7 @@ def embedding_chunk_size(model, config):
 
 def has_batch_norm(model):
     """Whether ``model`` normalises with batch statistics (they change with
-    the rows a pass sees: chunks, or a process's share)."""
+    the rows a pass sees, so a batch is never embedded in chunks)."""
     return any(
         isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
         for module in model.modules()

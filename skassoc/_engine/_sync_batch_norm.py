@@ -3,10 +3,11 @@
 In a data-parallel fit each process embeds a share of the step's batch. A
 network with batch norm (the STL-10 network) would normalise each share
 with statistics of its own, and so train another model than one process on
-the whole batch. While such a fit trains, its batch norms are swapped for
-stand-ins that normalise every share with the statistics of the whole
-batch, gathered from every process (their gradients flow back to every
-process's rows); the fitted model gets its plain batch norms back.
+the whole batch. In each training step of such a fit, its batch norms give
+way to stand-ins that normalise every share with the statistics of the
+whole batch, gathered from every process (their gradients flow back to
+every process's rows). Between the steps the network holds its own batch
+norms again: callbacks, and the fitted model, see those.
 
 On GPUs the stand-in is torch's ``nn.SyncBatchNorm``, with fused kernels:
 :class:`GroupBatchNorm`, written here with torch's plain operations, made
@@ -15,10 +16,9 @@ a two-GPU step of the STL-10 network slower than a one-GPU step, where
 ``benchmarks/results/multi_gpu_cuda_x2_plain_ops.rst`` and
 ``multi_gpu_cuda_x2.rst``). ``SyncBatchNorm`` refuses CPU tensors, so a
 gloo group (and the CPU test that checks a group against one process)
-gets :class:`GroupBatchNorm`. Both
-hold the very parameters and buffers of the batch norm they stand in for,
-so the optimizer, the moving average and the processes' weight broadcast
-see no change.
+gets :class:`GroupBatchNorm`. Both hold the very parameters and buffers
+(and hooks) of the batch norm they stand in for, so the optimizer, the
+moving average and the processes' weight broadcast see no change.
 """
 
 import contextlib
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["check_batch_norms", "synced_batch_norms"]
+__all__ = ["WholeBatchNorms", "check_batch_norms"]
 
 #: The batch norms a data-parallel fit can give the whole batch's statistics.
 _PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -119,6 +119,7 @@ def _at_least_float32(x):
 
 
 def _options(norm):
+    """The constructor arguments of a batch norm like ``norm``."""
     return dict(
         num_features=norm.num_features,
         eps=norm.eps,
@@ -128,24 +129,29 @@ def _options(norm):
     )
 
 
+#: A module's hook registries: a stand-in shares its batch norm's, so that
+#: hooks on the network's layers run in the steps of a data-parallel fit.
+_HOOKS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+
+
 def _holding_state_of(source, target):
-    """``target``, made to hold ``source``'s parameter and buffer tensors."""
+    """``target``, made to hold ``source``'s parameter and buffer tensors
+    and to run its hooks."""
     for name, param in source.named_parameters(recurse=False):
         setattr(target, name, param)
     for name, buffer in source.named_buffers(recurse=False):
         target.register_buffer(name, buffer)
+    for name in _HOOKS:
+        setattr(target, name, getattr(source, name))
     return target.train(source.training)
-
-
-def _swap(module, convert):
-    """Replace, in place, every child (at any depth) that ``convert`` maps
-    to a new module."""
-    for name, child in module.named_children():
-        new = convert(child)
-        if new is not None:
-            setattr(module, name, new)
-        else:
-            _swap(child, convert)
 
 
 def check_batch_norms(model):
@@ -169,10 +175,11 @@ def check_batch_norms(model):
             )
 
 
-@contextlib.contextmanager
-def synced_batch_norms(models, device, group, gather):
-    """Swap the batch norms of ``models`` for stand-ins that normalise with
-    the whole batch's statistics, until the context ends (however it ends).
+class WholeBatchNorms:
+    """The batch norms of ``models`` and their stand-ins, which normalise
+    with the whole batch's statistics: installed for each training step
+    (:meth:`installed`), so that callbacks between the steps, and the
+    fitted model, see the network's own modules.
 
     Parameters
     ----------
@@ -186,32 +193,41 @@ def synced_batch_norms(models, device, group, gather):
     gather : callable
         See :class:`GroupBatchNorm`.
     """
-    # The gather is a collective: torch.compile leaves it out of its graphs.
-    gather = torch.compiler.disable(gather)
-    plain_types = {}
 
-    def stand_in(child):
-        if type(child) not in _PLAIN:
-            return None
-        if device.type == "cuda":
-            new = nn.SyncBatchNorm(
-                **_options(child), process_group=group, device="meta"
-            )
-        else:
-            new = GroupBatchNorm(gather, **_options(child))
-        plain_types[new] = type(child)
-        return _holding_state_of(child, new)
-
-    def plain(child):
-        kind = plain_types.get(child)
-        if kind is None:
-            return None
-        return _holding_state_of(child, kind(**_options(child), device="meta"))
-
-    for model in models:
-        _swap(model, stand_in)
-    try:
-        yield
-    finally:
+    def __init__(self, models, device, group, gather):
+        # The gather is a collective: torch.compile leaves it out of its
+        # graphs.
+        gather = torch.compiler.disable(gather)
+        # (parent, name, norm, stand-in), made once: installing them is then
+        # a few attribute writes a step, and the same stand-ins each step
+        # keep torch.compile's guards on the modules valid.
+        self.swaps = []
         for model in models:
-            _swap(model, plain)
+            for parent in model.modules():
+                for name, child in parent.named_children():
+                    if type(child) in _PLAIN:
+                        stand_in = _stand_in(child, device, group, gather)
+                        self.swaps.append((parent, name, child, stand_in))
+
+    @contextlib.contextmanager
+    def installed(self):
+        """The stand-ins in place of the batch norms until the context ends
+        (however it ends)."""
+        for parent, name, norm, stand_in in self.swaps:
+            # The model's mode may have changed since (model.train()).
+            setattr(parent, name, stand_in.train(norm.training))
+        try:
+            yield
+        finally:
+            for parent, name, norm, _ in self.swaps:
+                setattr(parent, name, norm)
+
+
+def _stand_in(norm, device, group, gather):
+    """The module that normalises as ``norm`` with the whole batch's
+    statistics, holding ``norm``'s tensors."""
+    if device.type == "cuda":
+        new = nn.SyncBatchNorm(**_options(norm), process_group=group, device="meta")
+    else:
+        new = GroupBatchNorm(gather, **_options(norm))
+    return _holding_state_of(norm, new)
