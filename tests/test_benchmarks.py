@@ -776,7 +776,11 @@ def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
         "labels_per_class": 10,
         "test_images": 100,
         "runs": {
-            "1": {"fits": fits([{"warnings": []}, {"warnings": []}])},
+            "1": {
+                "fits": fits(
+                    [{"warnings": [], "step_ms": 1.5}, {"warnings": [], "step_ms": 2.5}]
+                )
+            },
             "2": {
                 "fits": fits([{"warnings": []}, {"warnings": ["ConvergenceWarning"]}])
             },
@@ -789,6 +793,8 @@ def test_multi_gpu_accuracy_table_names_the_draws_that_warned(bench):
     assert rows["1"].endswith("none")
     assert rows["2"].endswith("1 (ConvergenceWarning)")
     assert rows["4"].endswith("not recorded")
+    # The steps' median time, where the fits recorded it.
+    assert rows["1"].split()[-2] == "2.00" and rows["4"].split()[-3] == "n/a"
 
 
 def test_multi_gpu_accuracy_rerun_keeps_the_earlier_runs_marked(
