@@ -231,21 +231,21 @@ def _set_state(estimator, model, result, inputs, settings, group):
     """Give ``estimator`` the fitted state of its trained ``model`` (in a
     group, process 0 estimates the class frequencies and writes the report
     for every process: they hold the same model)."""
-    class_prior, report, interrupted = computed_by_process_0(
+    with computed_by_process_0(
         group, lambda: _after_training(estimator, model, inputs, settings)
-    )
-    result.after_training_interrupted = interrupted
-    state = _fitted_state(
-        model,
-        class_prior,
-        inputs,
-        settings,
-        n_iter=result.n_iter,
-        history=result.history,
-        training_state=result.training_state,
-        fit_report=report,
-    )
-    set_fitted_state(estimator, state)
+    ) as (class_prior, report, interrupted):
+        result.after_training_interrupted = interrupted
+        state = _fitted_state(
+            model,
+            class_prior,
+            inputs,
+            settings,
+            n_iter=result.n_iter,
+            history=result.history,
+            training_state=result.training_state,
+            fit_report=report,
+        )
+        set_fitted_state(estimator, state)
 
 
 def _after_training(estimator, model, inputs, settings):

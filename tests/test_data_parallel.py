@@ -164,7 +164,8 @@ WORKER = textwrap.dedent(
     # given to every process.
     from skassoc._engine._runner import computed_by_process_0
 
-    results["computed"] = computed_by_process_0(dist.group.WORLD, lambda: rank)
+    with computed_by_process_0(dist.group.WORLD, lambda: rank) as computed:
+        results["computed"] = computed
 
     def fails_in_process_0():
         if rank == 0:
@@ -172,10 +173,32 @@ WORKER = textwrap.dedent(
         return rank
 
     try:
-        computed_by_process_0(dist.group.WORLD, fails_in_process_0)
+        with computed_by_process_0(dist.group.WORLD, fails_in_process_0):
+            pass
     except Exception as exc:
         results["after_training"] = [type(exc).__name__, str(exc)]
     results["report"] = [fitted.fit_report_.verdict, repr(fitted.class_prior_)]
+
+    # A Ctrl-C to process 1 while it waits for process 0's result: held back
+    # until process 1 has used the result (its fitted state), then raised.
+    def slow_in_process_0():
+        if rank == 0:
+            import time
+
+            time.sleep(0.5)
+        return "result"
+
+    if rank == 1:
+        import signal, threading
+
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    used = []
+    try:
+        with computed_by_process_0(dist.group.WORLD, slow_in_process_0) as value:
+            used.append(value)
+    except KeyboardInterrupt:
+        used.append("KeyboardInterrupt")
+    results["held_back"] = used
     # A stacked search trains in each process on its own, even with one
     # candidate (its processes' seeds differ here).
     from skassoc.model_selection import (
@@ -356,6 +379,8 @@ def test_work_after_training_is_process_0s_and_every_process_gets_it(
     _, results, _ = two_processes
     assert [results[rank]["computed"] for rank in range(2)] == [0, 0]
     assert results[0]["report"] == results[1]["report"]
+    assert results[0]["held_back"] == ["result"]
+    assert results[1]["held_back"] == ["result", "KeyboardInterrupt"]
     assert results[0]["after_training"] == ["OSError", "no space left for the report"]
     kind, message = results[1]["after_training"]
     assert kind == "RuntimeError" and "Process 0 of the group failed" in message

@@ -37,8 +37,9 @@ def test_a_group_of_one_trains_as_the_plain_norm(norm, shape, momentum):
     synced.load_state_dict(plain.state_dict())
     inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
     own = synced[0]
-    seen = []  # the network's hooks run in the steps too
+    seen, backward = [], []  # the network's hooks run in the steps too
     own.register_forward_hook(lambda module, args, out: seen.append(module))
+    own.register_full_backward_hook(lambda *args: backward.append(1))
     norms = WholeBatchNorms([synced], CPU, None, alone)
     for _ in range(2):  # the running statistics' update, twice
         (plain(inputs[0]) * weights).sum().backward()
@@ -47,6 +48,7 @@ def test_a_group_of_one_trains_as_the_plain_norm(norm, shape, momentum):
             (synced(inputs[1]) * weights).sum().backward()
     assert synced[0] is own
     assert [type(module).__name__ for module in seen] == ["GroupBatchNorm"] * 2
+    assert backward == [1, 1]
     torch.testing.assert_close(inputs[1].grad, inputs[0].grad)
     for name, param in plain[0].named_parameters():
         torch.testing.assert_close(getattr(synced[0], name).grad, param.grad)

@@ -20,6 +20,7 @@ from ._device import (
     own_stream,
     precision_context,
 )
+from ._optim import sigint_deferred, sigint_held_back
 from ._sync_batch_norm import WholeBatchNorms
 
 __all__ = ["DeviceRunner"]
@@ -326,13 +327,19 @@ def raised_together(group, what):
     _agree(False, group, what)
 
 
+@contextlib.contextmanager
 def computed_by_process_0(group, compute):
-    """``compute()``, run by process 0 of ``group`` alone, its result given
-    to every process (without a group: just ``compute()``).
+    """A context whose value is ``compute()``, run by process 0 of
+    ``group`` alone and given to every process (without a group: just
+    ``compute()``).
 
     For work after training whose result every process needs and would
     compute alike from the same model (the class frequencies, the fit's
     report): the others' CPUs are spared, and all hold the same result.
+    Use the value inside the block (set the fitted state there): a Ctrl-C
+    that comes while the processes exchange it is held back until the block
+    ends, so that no process is stopped between the exchange's collectives
+    or before it holds its state. ``compute`` itself stays interruptible.
 
     Raises
     ------
@@ -341,7 +348,8 @@ def computed_by_process_0(group, compute):
         ``RuntimeError`` that says process 0 failed.
     """
     if group is None:
-        return compute()
+        yield compute()
+        return
     source = dist.get_global_rank(group, 0)
     payload = [None]
     if dist.get_rank(group) == 0:
@@ -349,19 +357,21 @@ def computed_by_process_0(group, compute):
             payload = [(True, compute())]
         except BaseException:
             # The others wait for the result: tell them there is none.
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), sigint_deferred():
                 dist.broadcast_object_list([(False, None)], src=source, group=group)
             raise
-    dist.broadcast_object_list(payload, src=source, group=group)
-    computed, value = payload[0]
-    if not computed:
-        raise from_another_process(
-            RuntimeError(
-                "Process 0 of the group failed after training, computing what "
-                "every process's fitted state needs (its error is raised there)."
+    with sigint_held_back():
+        dist.broadcast_object_list(payload, src=source, group=group)
+        computed, value = payload[0]
+        if not computed:
+            raise from_another_process(
+                RuntimeError(
+                    "Process 0 of the group failed after training, computing "
+                    "what every process's fitted state needs (its error is "
+                    "raised there)."
+                )
             )
-        )
-    return value
+        yield value
 
 
 def _agree(failed, group, what):

@@ -214,7 +214,10 @@ class WholeBatchNorms:
         """The stand-ins in place of the batch norms until the context ends
         (however it ends)."""
         for parent, name, norm, stand_in in self.swaps:
-            # The model's mode may have changed since (model.train()).
+            # The model's mode may have changed since (model.train()), and
+            # hooks may have been registered (whether the backward hooks
+            # are "full" ones is a flag, not in the shared registries).
+            stand_in._is_full_backward_hook = norm._is_full_backward_hook
             setattr(parent, name, stand_in.train(norm.training))
         try:
             yield
