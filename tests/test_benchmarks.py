@@ -545,7 +545,7 @@ def test_bench_multi_gpu_search_smoke(
     monkeypatch.setattr(script, "recipe_params", lambda name: recipe(name) | fast)
     out = tmp_path / "search.json"
     script.main(
-        ["--device=cpu", "--workers=2", "--steps=20", "--train-subset=600"]
+        ["--device=cpu", "--workers=2", "--steps=6", "--train-subset=300"]
         + [f"--json={out}"]
     )
     runs = json.loads(out.read_text())["runs"]
