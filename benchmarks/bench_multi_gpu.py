@@ -23,7 +23,8 @@ step's batch). Two sections (``--only SECTION``; the JSON keeps the other):
     The test error of ``--accuracy-draws`` label draws fitted with
     ``--accuracy-recipe`` on one GPU and on the most GPUs of ``--gpus``: the
     same global batch and steps, so the errors should agree within the
-    spread of the draws. Rendered under a rubric of its own, after the
+    spread of the draws; each fit's wall time and time a step are recorded
+    beside its error. Rendered under a rubric of its own, after the
     throughput table. A rerun keeps the runs before it (``earlier_accuracy``)
     as rows marked "earlier run".
 """
@@ -118,14 +119,16 @@ def _counts(parser, text):
 
 
 class _StepClock(Callback):
-    """The time of every log point (rank 0 reads it back)."""
+    """The time of every log point (rank 0 reads it back) of a fit on
+    ``device``."""
 
-    def __init__(self):
+    def __init__(self, device):
+        self.device = torch.device(device)
         self.points = []
 
     def on_log(self, run):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.points.append((run.step, time.perf_counter()))
 
     def ms_per_step(self):
@@ -163,7 +166,7 @@ def _worker(rank, world, rendezvous, args, case, out):
     }
     warm = SemiSupervisedAssociationClassifier(**params, max_iter=30)
     warm.fit(X, y_semi)
-    clock = _StepClock()
+    clock = _StepClock("cuda")
     clf = SemiSupervisedAssociationClassifier(
         **params, max_iter=args.steps, callbacks=[clock]
     )
@@ -229,7 +232,7 @@ def _accuracy_worker(rank, world, rendezvous, params, data, draws, out):
     for draw in range(draws):
         y_semi = make_semi_supervised_labels(y, ACCURACY_LABELS, random_state=draw)
         device = torch.device(params["device"])
-        clock = _StepClock()
+        clock = _StepClock(device)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             fit_params = {**params, "random_state": draw, "callbacks": [clock]}
@@ -371,8 +374,9 @@ def accuracy_table(results):
         f"class, label draws 0-{section['draws'] - 1}, "
         f"{section['test_images']:,} test images. Step ms: the time of a step "
         "between the first and the last log point of a fit (n/a: not recorded, "
-        "or fewer than two log points); the rest of a fit's time is its work "
-        "before and after training."
+        "or fewer than two log points); Fit s less the steps' time is roughly "
+        "its fixed work (checks, set-up, capture and compiling, the work after "
+        "training)."
     )
     if earlier:
         same = all(

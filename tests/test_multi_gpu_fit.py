@@ -29,9 +29,10 @@ def test_one_fit_on_two_gpus_trains_the_model_of_one_gpu():
 
 
 def test_batch_norm_on_two_gpus_trains_the_model_of_one_gpu(tmp_path):
-    """The STL-10 network's batch norms see the whole batch (torch's
-    SyncBatchNorm), also in the captured CUDA graph of every step; a
-    checkpoint (a copy of the model between steps) holds plain ones."""
+    """The STL-10 network on two GPUs (torch's SyncBatchNorm, also in the
+    captured CUDA graph of every step) ends near the fit of one GPU, and a
+    checkpoint (a copy of the model between steps) holds plain batch norms.
+    The exact comparison with one process is tests/test_data_parallel.py's."""
     X, y = load_digits(return_X_y=True)
     X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
     y_semi = np.where(np.arange(len(y)) % 5 == 0, y, -1)

@@ -130,7 +130,8 @@ def _options(norm):
 
 
 #: A module's hook registries: a stand-in shares its batch norm's, so that
-#: hooks on the network's layers run in the steps of a data-parallel fit.
+#: hooks on the network's layers run in the eager steps of a data-parallel
+#: fit (the replays of a captured CUDA graph run no Python, as in one process).
 _HOOKS = (
     "_forward_hooks",
     "_forward_hooks_with_kwargs",
