@@ -152,10 +152,9 @@ WORKER = textwrap.dedent(
             self.hook.remove()  # (a lambda does not pickle)
             results["snapshot_bytes"] = len(pickle.dumps(run.snapshot()))
 
-    images = np.random.default_rng(0).integers(0, 256, (40, 3, 32, 32))
     normed = SemiSupervisedAssociationClassifier(
         **{**params, **BATCH_NORM_PARAMS}, max_iter=1, callbacks=[NormSeen()]
-    ).fit(images.astype(np.uint8), y[:40])
+    ).fit(np.load(f"{out}/images.npy"), y[:40])
     torch.save(normed.training_state_.exp_avg, f"{out}/normed_first{rank}.pt")
     torch.save(normed.model_.state_dict(), f"{out}/normed{rank}.pt")
     kinds = {type(module).__name__ for module in normed.model_.modules()}
@@ -228,8 +227,8 @@ WORKER = textwrap.dedent(
 )
 
 
-#: The batch-norm fit of the workers: the STL-10 network on their 40 random
-#: 32x32 colour images (the first 40 labels of the blobs), in float32.
+#: The batch-norm fit of the workers: the STL-10 network on 40 random 32x32
+#: colour images (``images.npy``, the first 40 labels of the blobs), float32.
 BATCH_NORM_PARAMS = {
     "network": "stl10",
     "embedding_dim": 8,
@@ -239,10 +238,9 @@ BATCH_NORM_PARAMS = {
 }
 
 
-def batch_norm_images(y):
-    """The workers' images and labels of the batch-norm fit."""
-    images = np.random.default_rng(0).integers(0, 256, (40, 3, 32, 32))
-    return images.astype(np.uint8), y[:40]
+def batch_norm_images():
+    """The images of the batch-norm fit."""
+    return np.random.default_rng(0).integers(0, 256, (40, 3, 32, 32), dtype=np.uint8)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -251,6 +249,7 @@ def two_processes(request, tmp_path_factory):
     files, their results by rank, and the backend."""
     backend = request.param
     out = tmp_path_factory.mktemp(f"data_parallel_{backend}")
+    np.save(out / "images.npy", batch_norm_images())
     rendezvous = out / "rendezvous"
     processes = [
         subprocess.Popen(
@@ -346,7 +345,7 @@ def test_batch_norm_sees_the_whole_batch_in_every_process(
     callbacks and the fitted model see the network's own batch norms."""
     out, results, backend = two_processes
     one = one_process(backend, **BATCH_NORM_PARAMS, max_iter=1).fit(
-        *batch_norm_images(blobs_for_workers[1])
+        batch_norm_images(), blobs_for_workers[1][:40]
     )
     moments = one.training_state_.exp_avg
     # The convolutions' biases before a batch norm have no true gradient

@@ -15,11 +15,16 @@ from skassoc.callbacks import Checkpoint
 pytestmark = pytest.mark.skipif(not TWO_GPUS, reason="needs two or more GPUs")
 
 
-def test_one_fit_on_two_gpus_trains_the_model_of_one_gpu():
-    """devices=[0, 1]: a process a GPU, NCCL, each embeds half of every batch."""
+def digit_images():
+    """8x8 digit images, their labels, and the labels with 4 of 5 hidden."""
     X, y = load_digits(return_X_y=True)
     X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
-    y_semi = np.where(np.arange(len(y)) % 5 == 0, y, -1)
+    return X, y, np.where(np.arange(len(y)) % 5 == 0, y, -1)
+
+
+def test_one_fit_on_two_gpus_trains_the_model_of_one_gpu():
+    """devices=[0, 1]: a process a GPU, NCCL, each embeds half of every batch."""
+    X, y, y_semi = digit_images()
     params = dict(max_iter=300, random_state=0, labeled_per_class=5, precision="fp32")
     two = SemiSupervisedAssociationClassifier(**params, devices=[0, 1]).fit(X, y_semi)
     one = SemiSupervisedAssociationClassifier(**params, device="cuda:0").fit(X, y_semi)
@@ -28,14 +33,12 @@ def test_one_fit_on_two_gpus_trains_the_model_of_one_gpu():
     assert abs(two.score(X, y) - one.score(X, y)) < 0.02
 
 
-def test_batch_norm_on_two_gpus_trains_the_model_of_one_gpu(tmp_path):
+def test_batch_norm_on_two_gpus_ends_near_one_gpu(tmp_path):
     """The STL-10 network on two GPUs (torch's SyncBatchNorm, also in the
     captured CUDA graph of every step) ends near the fit of one GPU, and a
     checkpoint (a copy of the model between steps) holds plain batch norms.
     The exact comparison with one process is tests/test_data_parallel.py's."""
-    X, y = load_digits(return_X_y=True)
-    X = (X * 15).astype(np.uint8).reshape(-1, 8, 8)
-    y_semi = np.where(np.arange(len(y)) % 5 == 0, y, -1)
+    X, y, y_semi = digit_images()
     params = dict(
         network="stl10",
         image_size=32,
