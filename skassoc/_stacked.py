@@ -95,6 +95,7 @@ def fit_candidates(
     sample_weight=None,
     stacking="auto",
     raise_on_failure=False,
+    fit_report=None,
 ):
     """Fit one clone of ``estimator`` per parameter set, all in one training run.
 
@@ -125,6 +126,9 @@ def fit_candidates(
     raise_on_failure : bool, default=False
         Raise if a candidate's loss becomes NaN or infinite, instead of
         leaving it unfitted.
+    fit_report : bool, default=None
+        Whether the candidates check themselves after training (see the
+        estimator's ``fit_report``); None keeps the estimator's setting.
 
     Returns
     -------
@@ -163,6 +167,9 @@ def fit_candidates(
     if stacking not in STACKINGS:
         raise ValueError(f"stacking must be one of {STACKINGS}; got {stacking!r}.")
     candidates = [clone(estimator).set_params(**params) for params in param_list]
+    if fit_report is not None:
+        for candidate in candidates:
+            candidate.set_params(fit_report=fit_report)
     for candidate in candidates:
         candidate._validate_params()
     inputs = validate_training_inputs(candidates[0], X, y, sample_weight)

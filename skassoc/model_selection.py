@@ -493,6 +493,10 @@ def _fit_and_score_fold(
         ),
         stacking=search.stacking,
         raise_on_failure=search.error_score == "raise",
+        # The fold's candidates are scored and dropped: nobody reads their
+        # reports, each a pass over the training samples and a spread of
+        # the labels over the inputs.
+        fit_report=False,
     )
     seconds = (time.perf_counter() - started) / len(candidates)
     X_test, y_test = _safe_indexing(X, test), _safe_indexing(y, test)
@@ -530,7 +534,9 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         that many folds of it. Otherwise as for ``GridSearchCV``.
     refit : bool, default=True
         Fit the best candidate on all of ``X`` (a plain ``fit``) as
-        ``best_estimator_``.
+        ``best_estimator_``. The refit checks itself as the estimator's
+        ``fit_report`` says; the candidates fitted on the folds never do
+        (they are scored and dropped).
     error_score : "raise" or float, default=np.nan
         Score of a candidate whose training loss became NaN or infinite; with
         ``"raise"``, the search raises at the first fold where one does.

@@ -56,6 +56,8 @@ def bench(monkeypatch):
                 ("bench_multi_gpu", "multi_gpu_cuda_x2"),
                 ("bench_multi_gpu", "multi_gpu_cuda_x2_plain_ops"),
                 ("bench_multi_gpu_search", "multi_gpu_search_cuda_x2"),
+                ("bench_multi_gpu_search", "multi_gpu_search_cuda_fit_reports"),
+                ("bench_multi_gpu_search", "multi_gpu_search_cuda_one_group"),
             ]
         ],
         ("bench_sparse_memory", [], "sparse_memory_cpu"),

@@ -267,6 +267,34 @@ def test_search_matches_grid_search(blobs, fast_params):
     )
 
 
+def test_search_fits_no_report_for_its_folds_and_one_for_its_refit(blobs, fast_params):
+    X, y = blobs
+    reports = []
+
+    def scorer(estimator, X_test, y_test):
+        reports.append(estimator.fit_report_)
+        return estimator.score(X_test, y_test)
+
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    search = StackedGridSearchCV(estimator, GRID, cv=3, scoring=scorer).fit(X, y)
+    assert reports == [None] * (3 * 4)
+    assert search.best_estimator_.fit_report_ is not None
+    assert estimator.fit_report and not hasattr(estimator, "fit_report_")
+    unreported = estimator.set_params(fit_report=False)
+    refit = StackedGridSearchCV(unreported, GRID, cv=3).fit(X, y).best_estimator_
+    assert refit.fit_report_ is None
+
+
+def test_fit_candidates_keep_or_override_the_estimators_fit_report(blobs, fast_params):
+    X, y = blobs
+    estimator = SemiSupervisedAssociationClassifier(**fast_params)
+    kept = fit_candidates(estimator, CANDIDATES[:2], X, y)
+    skipped = fit_candidates(estimator, CANDIDATES[:2], X, y, fit_report=False)
+    assert all(est.fit_report_ is not None for est in kept)
+    assert [(est.fit_report, est.fit_report_) for est in skipped] == [(False, None)] * 2
+    np.testing.assert_array_equal(kept[1].predict(X), skipped[1].predict(X))
+
+
 def test_search_defaults_and_no_refit(blobs, fast_params):
     X, y = blobs
     estimator = SemiSupervisedAssociationClassifier(**fast_params)
