@@ -79,9 +79,9 @@ def make_searches(args, device_type, workers):
     fold, so that every worker trains one; GridSearchCV's left unset, as the
     user guide says)."""
     params = h.scaled_schedule(recipe_params("paper"), args.steps)
-    # No fit_report_, as the user guide advises for a search: the searches
-    # then do the same work a candidate (StackedGridSearchCV skips the
-    # reports of its folds' candidates itself, GridSearchCV cannot).
+    # No fit_report_, as the user guide advises for a search: every search
+    # then does the same work for a candidate (StackedGridSearchCV skips
+    # its folds' reports itself; GridSearchCV cannot know to).
     estimator = SemiSupervisedAssociationClassifier(
         **params, device=device_type, random_state=args.seed, fit_report=FIT_REPORT
     )

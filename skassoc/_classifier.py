@@ -452,13 +452,13 @@ class SemiSupervisedAssociationClassifier(
         data (``fit_report_``, and a warning when it finds the fit
         suspect). The check costs one forward pass over at most 50,000
         unlabeled and 2,000 labeled training samples and, when the class
-        shares are checked, a spread of the labels over at most 10,000 of
-        the training inputs on the CPU; ``False`` skips it, leaving
-        ``fit_report_`` None, and ``suggest_labels`` then ranks its regions
-        without the report's class shares. Set it to ``False`` for
-        ``GridSearchCV`` (whose candidates are scored and dropped);
-        :class:`~skassoc.model_selection.StackedGridSearchCV` skips it for
-        its candidates itself.
+        shares are checked, a spread of the labels over at most 2,000
+        labeled and 10,000 unlabeled training inputs on the CPU; ``False``
+        skips it, leaving ``fit_report_`` None, and ``suggest_labels`` then
+        ranks its regions without the report's class shares. Set it to
+        ``False`` for ``GridSearchCV`` (whose candidates are scored and
+        dropped); :class:`~skassoc.model_selection.StackedGridSearchCV`
+        skips it for its candidates itself.
     callbacks : list of Callback, default=None
         Objects whose hooks ``fit`` calls between training steps (never
         inside the captured CUDA graph): ``on_fit_begin``, ``on_log`` at

@@ -108,7 +108,8 @@ def fit_candidates(
     Parameters
     ----------
     estimator : SemiSupervisedAssociationClassifier
-        Gives every parameter the candidates share; it is not changed. With
+        Gives every parameter the candidates share (``fit_report`` unless
+        given below); it is not changed. With
         ``warm_start=True`` and fitted, every candidate continues from its
         model (and its run, see ``warm_start``); so it does from the model
         file of ``resume_from`` (a RunStore is refused: it keeps one run per
@@ -126,7 +127,7 @@ def fit_candidates(
     raise_on_failure : bool, default=False
         Raise if a candidate's loss becomes NaN or infinite, instead of
         leaving it unfitted.
-    fit_report : bool, default=None
+    fit_report : bool or None, default=None
         Whether the candidates check themselves after training (see the
         estimator's ``fit_report``); None keeps the estimator's setting.
 
@@ -166,10 +167,10 @@ def fit_candidates(
     param_list = check_candidate_params(param_list)
     if stacking not in STACKINGS:
         raise ValueError(f"stacking must be one of {STACKINGS}; got {stacking!r}.")
-    candidates = [clone(estimator).set_params(**params) for params in param_list]
-    if fit_report is not None:
-        for candidate in candidates:
-            candidate.set_params(fit_report=fit_report)
+    overrides = {} if fit_report is None else {"fit_report": fit_report}
+    candidates = [
+        clone(estimator).set_params(**params, **overrides) for params in param_list
+    ]
     for candidate in candidates:
         candidate._validate_params()
     inputs = validate_training_inputs(candidates[0], X, y, sample_weight)

@@ -528,7 +528,8 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         Loss weights to try, as for ``GridSearchCV``.
     scoring : str, callable or None, default=None
         One metric, as :func:`labeled_scorer` takes it (None: the
-        estimator's ``score``, the accuracy on labeled samples).
+        estimator's ``score``, the accuracy on labeled samples). The
+        candidates it scores have no ``fit_report_`` (None, see ``refit``).
     cv : int, cross-validation generator or iterable, default=None
         None: :class:`SemiSupervisedStratifiedKFold` with 5 folds; an int:
         that many folds of it. Otherwise as for ``GridSearchCV``.
@@ -536,7 +537,7 @@ class StackedGridSearchCV(MetaEstimatorMixin, BaseEstimator):
         Fit the best candidate on all of ``X`` (a plain ``fit``) as
         ``best_estimator_``. The refit checks itself as the estimator's
         ``fit_report`` says; the candidates fitted on the folds never do
-        (they are scored and dropped).
+        (they are scored and dropped), and ``mean_fit_time`` holds no check.
     error_score : "raise" or float, default=np.nan
         Score of a candidate whose training loss became NaN or infinite; with
         ``"raise"``, the search raises at the first fold where one does.

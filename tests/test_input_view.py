@@ -5,9 +5,16 @@ import warnings
 import numpy as np
 import pytest
 import scipy.sparse
+from sklearn.decomposition import PCA
 
 from skassoc import SemiSupervisedAssociationClassifier
-from skassoc._input_view import PROJECTED_FEATURES, spread_labels
+from skassoc._input_view import (
+    INPUT_CLIP,
+    PROJECTED_FEATURES,
+    VIEW_DIMENSIONS,
+    _reduced,
+    spread_labels,
+)
 
 
 def _two_groups(n_features, rng, n=200):
@@ -27,6 +34,21 @@ def test_labels_spread_to_the_rows_near_them(n_features):
     X, y, labeled, unlabeled = _two_groups(n_features, np.random.default_rng(0))
     spread = spread_labels(lambda rows: X[rows], labeled, y[labeled], unlabeled, 0)
     np.testing.assert_array_equal(spread, y[unlabeled])
+
+
+def test_dense_rows_are_reduced_by_an_exact_pca():
+    # The leading components themselves, not an approximation of their span:
+    # the same as a full SVD's, up to each component's sign.
+    rng = np.random.default_rng(3)
+    rows = (rng.standard_normal((300, 120)) * np.linspace(0.1, 5, 120)).astype(
+        np.float32
+    )
+    view = _reduced(rows, seed=0)
+    standardized = (rows - rows.mean(0)) / rows.std(0)
+    bounded = INPUT_CLIP * np.tanh(standardized / INPUT_CLIP)
+    exact = PCA(VIEW_DIMENSIONS, svd_solver="full").fit_transform(bounded)
+    signs = np.sign(np.sum(view * exact, axis=0))
+    np.testing.assert_allclose(view * signs, exact, atol=2e-3)
 
 
 def test_images_and_sparse_rows_spread_too():
