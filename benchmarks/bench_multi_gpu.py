@@ -27,6 +27,10 @@ step's batch). Two sections (``--only SECTION``; the JSON keeps the other):
     beside its error. Rendered under a rubric of its own, after the
     throughput table. A rerun keeps the runs before it (``earlier_accuracy``)
     as rows marked "earlier run".
+
+The JSON is written as each section grows (after every case, after every
+process count's fits), so a run stopped at a time limit keeps what it
+measured.
 """
 
 import os
@@ -209,7 +213,8 @@ def run_case(args, case, world):
     return timing
 
 
-def measure_throughput(args, counts):
+def measure_throughput(args, counts, save):
+    """The throughput section, handed to ``save`` after every case."""
     results = {
         "environment": h.environment(h.resolve_device("cuda")),
         # What precision="auto" chose for these image networks.
@@ -226,6 +231,7 @@ def measure_throughput(args, counts):
             run["speedup"] = run["samples_per_s"] / (one * counts[0])
             run["efficiency"] = run["samples_per_s"] / (one * int(n))
         results["cases"][case] = runs
+        save(results)
     return results
 
 
@@ -274,17 +280,13 @@ def accuracy_params(args, device):
     return {**params, "device": device.type}
 
 
-def measure_accuracy(args, counts):
-    """Errors of the same draws on one device and on the most devices asked."""
+def measure_accuracy(args, counts, save):
+    """Errors of the same draws on one device and on the most devices asked;
+    the section is handed to ``save`` after each process count's fits."""
     device = h.resolve_device(args.device)
     params = accuracy_params(args, device)
     data = load_sets(args)
-    worlds = sorted({1, counts[-1]})
-    runs = {
-        str(n): _spawn(_accuracy_worker, n, params, data, args.accuracy_draws)
-        for n in worlds
-    }
-    return {
+    section = {
         "environment": h.environment(device),
         "recipe": args.accuracy_recipe,
         "params": params,
@@ -292,8 +294,13 @@ def measure_accuracy(args, counts):
         "labels_per_class": ACCURACY_LABELS,
         "train_images": len(data[0]),
         "test_images": len(data[2]),
-        "runs": runs,
+        "runs": {},
     }
+    for n in sorted({1, counts[-1]}):
+        fits = _spawn(_accuracy_worker, n, params, data, args.accuracy_draws)
+        section["runs"][str(n)] = fits
+        save(section)
+    return section
 
 
 def measure(args):
@@ -316,16 +323,25 @@ def measure(args):
                 f"error: --gpus {args.gpus} asks for more GPUs than the "
                 f"{torch.cuda.device_count()} torch sees here"
             )
+    # Each section is written as it grows: a run stopped at a time limit
+    # keeps the cases and process counts it measured.
     if "throughput" in args.only:
-        results.update(measure_throughput(args, counts))
-        h.write_json(args.json, results)
+        measure_throughput(args, counts, lambda section: _save(args, results, section))
     if "accuracy" in args.only:
         if "accuracy" in results:
             # A rerun keeps the earlier runs' fits: a rare outcome (one
             # collapsed draw) stays on record rather than being overwritten.
-            results.setdefault("earlier_accuracy", []).append(results["accuracy"])
-        results["accuracy"] = measure_accuracy(args, counts)
+            results.setdefault("earlier_accuracy", []).append(results.pop("accuracy"))
+        measure_accuracy(
+            args, counts, lambda section: _save(args, results, {"accuracy": section})
+        )
     return results
+
+
+def _save(args, results, section):
+    """Add ``section``'s keys to ``results`` and write them to ``--json``."""
+    results.update(section)
+    h.write_json(args.json, results)
 
 
 def render(results):

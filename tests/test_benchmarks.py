@@ -826,7 +826,9 @@ def test_multi_gpu_accuracy_rerun_keeps_the_earlier_runs_marked(
     path = tmp_path / "multi_gpu_cpu.json"
     path.write_text(json.dumps({"accuracy": section([1.0, 89.68])}))
     fresh = iter([section([1.0, 2.0, 3.0]), section([4.0], max_iter=20)])
-    monkeypatch.setattr(script, "measure_accuracy", lambda args, counts: next(fresh))
+    monkeypatch.setattr(
+        script, "measure_accuracy", lambda args, counts, save: save(next(fresh))
+    )
     argv = ["--device=cpu", "--only=accuracy", "--gpus=1,2", f"--json={path}"]
     results = script.measure(script.parse_args(argv))
     assert [r["draws"] for r in results["earlier_accuracy"]] == [2]
@@ -845,6 +847,53 @@ def test_multi_gpu_accuracy_rerun_keeps_the_earlier_runs_marked(
     assert "with the same settings" in script.accuracy_table(results)
     results["accuracy"]["test_images"] = 50
     assert "with other settings" in script.accuracy_table(results)
+
+
+def test_multi_gpu_accuracy_stopped_midway_keeps_what_it_measured(
+    bench, tmp_path, monkeypatch
+):
+    script = bench("bench_multi_gpu")
+    fits = {"fits": [{"draw": 0, "test_error_percent": 1.0, "fit_seconds": 1.0}]}
+    path = tmp_path / "multi_gpu_cpu.json"
+    path.write_text(json.dumps({"accuracy": {"draws": 7, "runs": {"4": fits}}}))
+
+    def spawn(worker, world, *args):
+        if world > 1:
+            raise KeyboardInterrupt  # as a run stopped at its time limit
+        return fits
+
+    monkeypatch.setattr(script, "_spawn", spawn)
+    monkeypatch.setattr(script, "load_sets", lambda args: [np.zeros((3, 1))] * 4)
+    argv = ["--device=cpu", "--only=accuracy", "--gpus=1,2", f"--json={path}"]
+    with pytest.raises(KeyboardInterrupt):
+        script.measure(script.parse_args(argv))
+    saved = json.loads(path.read_text())
+    assert saved["accuracy"]["runs"] == {"1": fits}
+    assert [run["draws"] for run in saved["earlier_accuracy"]] == [7]
+
+
+def test_multi_gpu_throughput_hands_over_every_case_as_it_ends(bench, monkeypatch):
+    script = bench("bench_multi_gpu")
+    # No GPU needed: the cases' runs are faked, the section's frame kept.
+    monkeypatch.setattr(script.h, "resolve_device", lambda name: "cpu")
+    monkeypatch.setattr(script.h, "environment", lambda device: {})
+    monkeypatch.setattr(script.h, "resolved_precision", lambda *a, **k: "bf16")
+    first_case, second_case = list(script.CASES)[:2]
+
+    def run_case(args, case, world):
+        if case == second_case and world > 1:
+            raise KeyboardInterrupt  # as a run stopped at its time limit
+        return {"steps": 10, "seconds": 1.0, "samples_per_s": 100.0 * world}
+
+    monkeypatch.setattr(script, "run_case", run_case)
+    saved = []
+    args = script.parse_args(["--gpus=1,2"])
+    with pytest.raises(KeyboardInterrupt):
+        script.measure_throughput(args, [1, 2], lambda s: saved.append(json.dumps(s)))
+    # The first case, whole, was handed over before the second stopped.
+    [section] = [json.loads(s) for s in saved]
+    assert list(section["cases"]) == [first_case]
+    assert section["cases"][first_case]["2"]["speedup"] == 2.0
 
 
 def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
