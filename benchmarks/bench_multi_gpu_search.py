@@ -13,7 +13,8 @@ MNIST with 20 labels a class, recipe ``"paper"`` cut to ``--steps``, the
 ``GridSearchCV`` and ``StackedGridSearchCV`` in this process on one GPU,
 then both under ``joblib.parallel_backend("dask")`` on a cluster of one
 single-threaded worker process per GPU, as the user guide's "A search over
-several GPUs" starts them. Every search has ``refit=False``: the time is
+several GPUs" starts them. Every search has ``refit=False`` and the
+estimator ``fit_report=False`` (as the user guide advises): the time is
 that of its 16 fits (and, under Dask, of shipping the data and the fitted
 scores), after an untimed warm-up fit in every process that trains. With
 ``--device cpu`` the workers are ``--workers`` CPU processes (smoke runs).
