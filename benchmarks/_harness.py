@@ -241,6 +241,19 @@ def write_json(path, data):
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
+def keep_titles(path, results, titles, render_only):
+    """Put the tables' ``titles`` (meta key to title; None: unchanged) in
+    ``results``' meta, where every later run and render keeps them: two
+    files shown on one page need headings of their own. A render alone
+    writes the file back at once; a run saves it with its runs."""
+    titles = {key: title for key, title in titles.items() if title}
+    if not titles:
+        return
+    results.setdefault("meta", {}).update(titles)
+    if render_only:
+        write_json(path, results)
+
+
 def load_json(path):
     return json.loads(Path(path).read_text())
 

@@ -21,6 +21,7 @@ With ``--seed-noise`` each draw is fitted twice instead, with the same
 labels and seeds ``d`` and ``d + 1000``: how far a refit moves without any
 new label, the noise the strategies' gains are read against (a second
 table, for the sets measured).
+``--title`` gives the first table a heading of its own (kept in the file).
 """
 
 import argparse
@@ -36,6 +37,8 @@ import numpy as np
 
 STRATEGIES = ("association", "random")
 COMMAND = "python benchmarks/bench_label_suggestions.py"
+#: The first table's title, unless the results' meta gives its own.
+TITLE = "As many more labels as classes: suggested or random?"
 #: The seed of ``--seed-noise``'s second fit of draw ``d``: ``d`` plus this.
 SEED_OFFSET = 1000
 
@@ -227,7 +230,7 @@ def strategies_table(results):
         summary_rows(list(results["runs"].values())),
     )
     return (
-        ".. rubric:: As many more labels as classes: suggested or random?\n\n"
+        f".. rubric:: {results['meta'].get('title', TITLE)}\n\n"
         "The default estimator on sets of the defaults suite, fitted, then "
         "refitted with the labels of as many more training samples as the set "
         "has classes, picked by ``suggest_labels`` or at random. Gains are in "
@@ -295,6 +298,7 @@ def main(argv=None):
     )
     parser.add_argument("--table", default=None, help="default: the JSON's .rst")
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--title", help="the first table's title, kept in --json")
     parser.add_argument(
         "--seed-noise",
         action="store_true",
@@ -302,6 +306,7 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     results = h.load_json(args.json) if h.Path(args.json).exists() else {"runs": {}}
+    h.keep_titles(args.json, results, {"title": args.title}, args.render_only)
     if not args.render_only:
         given = sys.argv[1:] if argv is None else argv
         _measure(args, results, " ".join([COMMAND, *given]))

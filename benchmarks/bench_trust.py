@@ -10,6 +10,14 @@ labels chosen by each strategy to the training labels and fits again:
 - ``margin`` and ``entropy``: the classic uncertainty strategies on the
   fit's probabilities (modAL's ``margin_sampling`` / ``entropy_sampling``).
 
+Each refit is a new fit (``--refits new``, the default), or continues from
+the fit's weights (``--refits warm``: ``warm_start=True``, a new run of
+``max_iter`` steps), or both; a warm refit's strategy is recorded as
+``"<strategy>, warm start"``.
+
+``--title`` and ``--refit-title`` give a file's tables headings of their
+own (kept in the file), for pages that show several files.
+
 Runs spread over the GPUs of ``--gpus`` (a process each). Results go to
 ``benchmarks/results/trust_<device>.json`` (runs already there are kept and
 skipped) and the table to ``trust_<device>.rst``::
@@ -19,6 +27,8 @@ skipped) and the table to ``trust_<device>.rst``::
     python benchmarks/bench_trust.py --device cuda --gpus 0,1,2,3 \\
         --recipes consistency --draws 2,3,17,27,30,33,36 \\
         --strategies association random
+    python benchmarks/bench_trust.py --device cuda --recipes fast \\
+        --draws 2,3,17 --strategies association random --refits new warm
     python benchmarks/bench_trust.py --render-only
 """
 
@@ -36,6 +46,8 @@ from skassoc._diagnosis import FREQUENT_CLASS_MARGIN, largest_excess, share_exce
 
 #: Strategies a failing draw is refitted with.
 STRATEGIES = ("association", "random", "margin", "entropy")
+#: How a refit starts: a new network, or the fit's weights (``warm_start``).
+REFITS = ("new", "warm")
 #: Extra labels each strategy picks.
 EXTRA_LABELS = 10
 #: Test error (%) above which a draw counts as failing (the issue's line).
@@ -67,17 +79,29 @@ def pick(strategy, clf, X, y_semi, seed):
     return unlabeled[np.argsort(-score, kind="stable")[:EXTRA_LABELS]]
 
 
-def fit_one(params, X, y_semi, X_test, y_test):
+def refit_key(strategy, refit):
+    """The name a refit is recorded under."""
+    return strategy if refit == "new" else f"{strategy}, warm start"
+
+
+def fit_one(params, X, y_semi, X_test, y_test, start_from=None):
+    """Fit a new estimator, or continue a copy of ``start_from``'s fit."""
+    import copy
+
     from skassoc import SemiSupervisedAssociationClassifier
 
-    clf = SemiSupervisedAssociationClassifier(**params)
+    if start_from is None:
+        clf = SemiSupervisedAssociationClassifier(**params)
+    else:
+        # A copy: each strategy's warm refit starts from the same fit.
+        clf = copy.deepcopy(start_from).set_params(warm_start=True)
     start = time.perf_counter()
     clf.fit(X, y_semi)
     seconds = time.perf_counter() - start
     return clf, seconds, h.error_percent(clf.predict(X_test), y_test)
 
 
-def run_draw(job, data, device, strategies, failing_above, suggest_all, max_iter):
+def run_draw(job, data, device, args):
     """Fit one draw; refit with each strategy's labels when it fails."""
     import warnings
 
@@ -88,8 +112,8 @@ def run_draw(job, data, device, strategies, failing_above, suggest_all, max_iter
     (X, y), (X_test, y_test) = data
     y_semi = make_semi_supervised_labels(y, 10, random_state=draw)
     params = {**recipe_params(recipe), "device": device, "random_state": draw}
-    if max_iter is not None:  # a smoke test's
-        params.update(max_iter=max_iter, lr_warmup_steps=0, compile=False)
+    if args.max_iter is not None:  # a smoke test's
+        params.update(max_iter=args.max_iter, lr_warmup_steps=0, compile=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         clf, seconds, error = fit_one(params, X, y_semi, X_test, y_test)
@@ -103,17 +127,21 @@ def run_draw(job, data, device, strategies, failing_above, suggest_all, max_iter
         "warned": any("fit_report_" in str(w.message) for w in caught),
         "refits": {},
     }
-    if error > failing_above or suggest_all:
-        for strategy in strategies:
+    if error > args.failing_above or args.suggest_all:
+        for strategy in args.strategies:
             extra = pick(strategy, clf, X, y_semi, seed=draw)
             y_more = y_semi.copy()
             y_more[extra] = y[extra]
-            _, seconds, refit_error = fit_one(params, X, y_more, X_test, y_test)
-            run["refits"][strategy] = {
-                "test_error_percent": refit_error,
-                "fit_seconds": seconds,
-                "picked_classes": y[extra].tolist(),
-            }
+            for refit in args.refits:
+                start_from = clf if refit == "warm" else None
+                _, seconds, refit_error = fit_one(
+                    params, X, y_more, X_test, y_test, start_from
+                )
+                run["refits"][refit_key(strategy, refit)] = {
+                    "test_error_percent": refit_error,
+                    "fit_seconds": seconds,
+                    "picked_classes": y[extra].tolist(),
+                }
     return run
 
 
@@ -128,17 +156,7 @@ def run_jobs(gpu, jobs, args):
     data = (X[: args.train_subset], y[: args.train_subset]), test
     runs = []
     for job in jobs:
-        runs.append(
-            run_draw(
-                job,
-                data,
-                device,
-                args.strategies,
-                args.failing_above,
-                args.suggest_all,
-                args.max_iter,
-            )
-        )
+        runs.append(run_draw(job, data, device, args))
         print(_progress(runs[-1]), flush=True)
     return runs
 
@@ -369,7 +387,7 @@ def suggestion_rows(runs):
                 h.fmt(max(before)),
             ]
         )
-        for strategy in STRATEGIES:
+        for strategy in (refit_key(s, r) for r in REFITS for s in STRATEGIES):
             errors = [
                 r["refits"][strategy]["test_error_percent"]
                 for r in refitted
@@ -468,6 +486,13 @@ def main(argv=None):
         choices=STRATEGIES,
         help="none: fit and report only",
     )
+    parser.add_argument(
+        "--refits",
+        nargs="+",
+        default=["new"],
+        choices=REFITS,
+        help="new: refit a new network; warm: continue from the fit's weights",
+    )
     parser.add_argument("--failing-above", type=float, default=FAILING_ABOVE)
     parser.add_argument("--suggest-all", action="store_true")
     parser.add_argument("--data-home", default=None)
@@ -475,11 +500,15 @@ def main(argv=None):
     parser.add_argument("--train-subset", type=int, default=None, help="smoke tests")
     parser.add_argument("--json", default=None)
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--title", help="the diagnosis tables' title, kept in --json")
+    parser.add_argument("--refit-title", help="the refits table's, kept in --json")
     args = parser.parse_args(argv)
     path = h.Path(args.json or h.RESULTS_DIR / f"trust_{args.device}.json")
     if args.render_only and not path.exists():
         parser.error(f"--render-only needs {h.shown_path(path)}, which is not there")
     results = h.load_json(path) if path.exists() else {"runs": {}}
+    titles = {"title": args.title, "refit_title": args.refit_title}
+    h.keep_titles(path, results, titles, args.render_only)
     if not args.render_only:
         done = results["runs"]
         jobs = [

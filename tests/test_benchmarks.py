@@ -6,6 +6,7 @@ docs include must come back byte for byte from its committed JSON with
 files when they are there.
 """
 
+import argparse
 import importlib
 import json
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from sklearn.pipeline import make_pipeline
 from sklearn.semi_supervised import LabelSpreading
 
@@ -62,6 +64,11 @@ def bench(monkeypatch):
         ],
         ("bench_sparse_memory", [], "sparse_memory_cpu"),
         ("bench_label_suggestions", [], "label_suggestions_cpu"),
+        (
+            "bench_label_suggestions",
+            [f"--json={RESULTS / 'label_suggestions_20_draws_cpu.json'}"],
+            "label_suggestions_20_draws_cpu",
+        ),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
@@ -660,13 +667,94 @@ def test_trust_table_spans_runs_of_draws_as_the_command_line_reads_them(bench):
 
 @pytest.mark.parametrize(
     "name",
-    ["trust_cuda", "trust_verdict_cuda", "trust_refits_cuda", "trust_inputs_cuda"],
+    [
+        "trust_cuda",
+        "trust_verdict_cuda",
+        "trust_refits_cuda",
+        "trust_inputs_cuda",
+        "trust_warm_cuda",
+        "trust_warm_held_out_cuda",
+    ],
 )
 def test_trust_tables_are_rendered_from_their_files(bench, name):
     trust = bench("bench_trust")
     committed = json.loads((RESULTS / f"{name}.json").read_text())
     table = trust.render(committed, trust.FAILING_ABOVE)
     assert table == (RESULTS / f"{name}.rst").read_text()
+
+
+def test_trust_refits_new_and_warm_each_start_where_they_should(bench, monkeypatch):
+    """A new refit builds a new estimator; a warm one continues the draw's
+    own fit (each strategy's from the same one), recorded under its own
+    name, and the table lists it after the new refits."""
+    trust = bench("bench_trust")
+    starts, fitted = [], []
+
+    def fit_one(params, X, y_semi, X_test, y_test, start_from=None):
+        starts.append((int((y_semi != -1).sum()), start_from))
+        report = argparse.Namespace(to_dict=lambda: {"verdict": "suspect"})
+        fitted.append(argparse.Namespace(fit_report_=report))
+        return fitted[-1], 0.0, 2.0 if len(fitted) == 1 else 0.5
+
+    monkeypatch.setattr(trust, "fit_one", fit_one)
+
+    def pick(strategy, clf, X, y_semi, seed):
+        unlabeled = np.flatnonzero(y_semi == -1)
+        return unlabeled[:1] if strategy == "association" else unlabeled[1:2]
+
+    monkeypatch.setattr(trust, "pick", pick)
+    y = np.repeat(np.arange(10), 11)
+    data = (np.zeros((110, 4)), y), (np.zeros((5, 4)), y[:5])
+    args = argparse.Namespace(
+        strategies=["association", "random"],
+        refits=["new", "warm"],
+        failing_above=1.5,
+        suggest_all=False,
+        max_iter=None,
+    )
+    run = trust.run_draw(("fast", 0), data, "cpu", args)
+    # 100 labels, then 101: a new refit and a warm one from the first fit,
+    # for each strategy.
+    the_fit = fitted[0]
+    assert starts == [(100, None)] + [(101, None), (101, the_fit)] * 2
+    assert list(run["refits"]) == [
+        "association",
+        "association, warm start",
+        "random",
+        "random, warm start",
+    ]
+    rows = trust.suggestion_rows([run])
+    assert [row[1] for row in rows] == [
+        "none (the fit)",
+        "association",
+        "random",
+        "association, warm start",
+        "random, warm start",
+    ]
+
+
+def test_trust_warm_refit_leaves_the_fit_it_starts_from_as_it_was(bench):
+    trust = bench("bench_trust")
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 5)).astype(np.float32), np.repeat([0, 1], 30)
+    y_semi = np.where(np.arange(60) % 10 == 0, y, -1)
+    params = {**TINY, "max_iter": 3, "device": "cpu", "random_state": 0}
+    fit = SemiSupervisedAssociationClassifier(**params).fit(X, y_semi)
+    before = [p.detach().clone() for p in fit.model_.parameters()]
+    y_more = y_semi.copy()
+    y_more[1] = y[1]
+    refit, _, error = trust.fit_one(params, X, y_more, X, y, start_from=fit)
+    assert refit is not fit and refit.warm_start and not fit.warm_start
+    assert refit.n_iter_ == 3 and 0 <= error <= 100
+    assert all(
+        torch.equal(a, b.detach())
+        for a, b in zip(before, fit.model_.parameters(), strict=True)
+    )
+    # The refit started from the fit's weights, not new ones.
+    new, _, _ = trust.fit_one(params, X, y_more, X, y)
+    assert not torch.equal(
+        next(refit.model_.parameters()), next(new.model_.parameters())
+    )
 
 
 def test_trust_inputs_replay_scores_a_handed_over_region_as_fit_would(bench):
@@ -990,3 +1078,32 @@ def test_trust_render_only_without_its_file_says_so(bench, tmp_path, capsys):
         trust.main(["--render-only", f"--json={missing}"])
     assert "--render-only needs" in capsys.readouterr().err
     assert not missing.with_suffix(".rst").exists()
+
+
+@pytest.mark.parametrize(
+    "script, results, option, key",
+    [
+        ("bench_trust", "trust_warm_cuda", "--refit-title", "refit_title"),
+        (
+            "bench_label_suggestions",
+            "label_suggestions_20_draws_cpu",
+            "--title",
+            "title",
+        ),
+    ],
+)
+def test_a_title_given_to_a_render_is_kept_in_the_file(
+    bench, tmp_path, capsys, script, results, option, key
+):
+    """Two files on one page need headings of their own: the title goes to
+    the file's meta, and later renders (without it) keep it."""
+    path = tmp_path / f"{results}.json"
+    path.write_bytes((RESULTS / f"{results}.json").read_bytes())
+    module = bench(script)
+    module.main(["--render-only", f"--json={path}", option, "A title of its own"])
+    assert json.loads(path.read_text())["meta"][key] == "A title of its own"
+    before = path.read_bytes()
+    module.main(["--render-only", f"--json={path}"])
+    assert path.read_bytes() == before
+    assert ".. rubric:: A title of its own\n" in path.with_suffix(".rst").read_text()
+    capsys.readouterr()
