@@ -134,13 +134,18 @@ def run_draw(job, data, device, args):
             y_more[extra] = y[extra]
             for refit in args.refits:
                 start_from = clf if refit == "warm" else None
-                _, seconds, refit_error = fit_one(
-                    params, X, y_more, X_test, y_test, start_from
-                )
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    refitted, seconds, refit_error = fit_one(
+                        params, X, y_more, X_test, y_test, start_from
+                    )
                 run["refits"][refit_key(strategy, refit)] = {
                     "test_error_percent": refit_error,
                     "fit_seconds": seconds,
                     "picked_classes": y[extra].tolist(),
+                    "verdict": refitted.fit_report_.verdict,
+                    # What fit told the user (a collapse's ConvergenceWarning).
+                    "warnings": sorted({w.category.__name__ for w in caught}),
                 }
     return run
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import make_pipeline
 from sklearn.semi_supervised import LabelSpreading
 
@@ -692,8 +693,12 @@ def test_trust_refits_new_and_warm_each_start_where_they_should(bench, monkeypat
 
     def fit_one(params, X, y_semi, X_test, y_test, start_from=None):
         starts.append((int((y_semi != -1).sum()), start_from))
-        report = argparse.Namespace(to_dict=lambda: {"verdict": "suspect"})
+        report = argparse.Namespace(
+            to_dict=lambda: {"verdict": "suspect"}, verdict="suspect"
+        )
         fitted.append(argparse.Namespace(fit_report_=report))
+        if start_from is not None:
+            warnings.warn("collapsed", ConvergenceWarning, stacklevel=2)
         return fitted[-1], 0.0, 2.0 if len(fitted) == 1 else 0.5
 
     monkeypatch.setattr(trust, "fit_one", fit_one)
@@ -723,6 +728,12 @@ def test_trust_refits_new_and_warm_each_start_where_they_should(bench, monkeypat
         "random",
         "random, warm start",
     ]
+    # Each refit's verdict and the warnings fit gave it are kept.
+    assert [r["warnings"] for r in run["refits"].values()] == [
+        [],
+        ["ConvergenceWarning"],
+    ] * 2
+    assert {r["verdict"] for r in run["refits"].values()} == {"suspect"}
     rows = trust.suggestion_rows([run])
     assert [row[1] for row in rows] == [
         "none (the fit)",
