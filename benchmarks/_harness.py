@@ -241,16 +241,14 @@ def write_json(path, data):
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def keep_titles(path, results, titles, render_only):
+def keep_titles(path, results, titles):
     """Put the tables' ``titles`` (meta key to title; None: unchanged) in
-    ``results``' meta, where every later run and render keeps them: two
-    files shown on one page need headings of their own. A render alone
-    writes the file back at once; a run saves it with its runs."""
+    ``results``' meta and write the file at once, so that every later run
+    and render keeps them: two files shown on one page need headings of
+    their own."""
     titles = {key: title for key, title in titles.items() if title}
-    if not titles:
-        return
-    results.setdefault("meta", {}).update(titles)
-    if render_only:
+    if titles:
+        results.setdefault("meta", {}).update(titles)
         write_json(path, results)
 
 

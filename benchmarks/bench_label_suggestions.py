@@ -305,8 +305,13 @@ def main(argv=None):
         help="fit each draw with two seeds and the same labels instead",
     )
     args = parser.parse_args(argv)
-    results = h.load_json(args.json) if h.Path(args.json).exists() else {"runs": {}}
-    h.keep_titles(args.json, results, {"title": args.title}, args.render_only)
+    exists = h.Path(args.json).exists()
+    if args.render_only and not exists:
+        parser.error(
+            f"--render-only needs {h.shown_path(args.json)}, which is not there"
+        )
+    results = h.load_json(args.json) if exists else {"runs": {}}
+    h.keep_titles(args.json, results, {"title": args.title})
     if not args.render_only:
         given = sys.argv[1:] if argv is None else argv
         _measure(args, results, " ".join([COMMAND, *given]))

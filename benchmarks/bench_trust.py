@@ -20,7 +20,8 @@ own (kept in the file), for pages that show several files.
 
 Runs spread over the GPUs of ``--gpus`` (a process each). Results go to
 ``benchmarks/results/trust_<device>.json`` (runs already there are kept and
-skipped) and the table to ``trust_<device>.rst``::
+skipped, whatever strategies and refits they hold) and the table to
+``trust_<device>.rst``::
 
     python benchmarks/bench_trust.py --device cuda --gpus 0,1,2,3 \\
         --recipes fast --draws 0-39
@@ -28,14 +29,17 @@ skipped) and the table to ``trust_<device>.rst``::
         --recipes consistency --draws 2,3,17,27,30,33,36 \\
         --strategies association random
     python benchmarks/bench_trust.py --device cuda --recipes fast \\
-        --draws 2,3,17 --strategies association random --refits new warm
+        --draws 2,3,17 --strategies association random --refits new warm \\
+        --json benchmarks/results/trust_warm_cuda.json
     python benchmarks/bench_trust.py --render-only
 """
 
 import argparse
 import concurrent.futures
+import copy
 import math
 import multiprocessing
+import sys
 import time
 from collections import Counter
 
@@ -85,9 +89,8 @@ def refit_key(strategy, refit):
 
 
 def fit_one(params, X, y_semi, X_test, y_test, start_from=None):
-    """Fit a new estimator, or continue a copy of ``start_from``'s fit."""
-    import copy
-
+    """Fit a new estimator of ``params``, or continue a copy of
+    ``start_from``'s fit (with its own parameters: ``params`` is unused)."""
     from skassoc import SemiSupervisedAssociationClassifier
 
     if start_from is None:
@@ -144,7 +147,8 @@ def run_draw(job, data, device, args):
                     "fit_seconds": seconds,
                     "picked_classes": y[extra].tolist(),
                     "verdict": refitted.fit_report_.verdict,
-                    # What fit told the user (a collapse's ConvergenceWarning).
+                    # What the refit and its test predictions warned of (a
+                    # collapsed fit's ConvergenceWarning, the report's own).
                     "warnings": sorted({w.category.__name__ for w in caught}),
                 }
     return run
@@ -214,6 +218,11 @@ def roc_auc(failing, good):
 DIAGNOSIS_TITLE = "Does ``fit_report_`` flag the failed fits?"
 #: The refits table's title, unless the results' meta gives its own.
 REFIT_TITLE = "Refitted with 10 more labels"
+#: What the refits table says of its warm-start rows, where it has them.
+WARM_NOTE = (
+    'Rows "..., warm start": the same labels, the refit continuing the '
+    "draw's fit (``warm_start=True``) instead of training a new network. "
+)
 #: Thresholds of class_share_ratio shown beside the verdict's own.
 RATIO_THRESHOLDS = (1.125, 1.15)
 
@@ -470,6 +479,11 @@ def render(results, failing_above):
             f".. rubric:: {results['meta'].get('refit_title', REFIT_TITLE)}\n\n"
             "The failed draws of the runs with refits, each refitted with the "
             "labels of 10 more samples chosen by each strategy (same seed). "
+            + (
+                WARM_NOTE
+                if any(", warm start" in k for r in refitted for k in r["refits"])
+                else ""
+            )
             + ("Made by the commands above" if reported else f"Made by {commands}")
             + f".\n\n{suggestions}\n"
         )
@@ -506,25 +520,31 @@ def main(argv=None):
     parser.add_argument("--json", default=None)
     parser.add_argument("--render-only", action="store_true")
     parser.add_argument("--title", help="the diagnosis tables' title, kept in --json")
-    parser.add_argument("--refit-title", help="the refits table's, kept in --json")
+    parser.add_argument(
+        "--refit-title", help="the refits table's title, kept in --json"
+    )
     args = parser.parse_args(argv)
     path = h.Path(args.json or h.RESULTS_DIR / f"trust_{args.device}.json")
     if args.render_only and not path.exists():
         parser.error(f"--render-only needs {h.shown_path(path)}, which is not there")
     results = h.load_json(path) if path.exists() else {"runs": {}}
     titles = {"title": args.title, "refit_title": args.refit_title}
-    h.keep_titles(path, results, titles, args.render_only)
+    h.keep_titles(path, results, titles)
     if not args.render_only:
         done = results["runs"]
         jobs = [
             (r, d) for r in args.recipes for d in args.draws if f"{r}/{d}" not in done
         ]
-        for run in run_all(args, jobs):
-            done[f"{run['recipe']}/{run['draw']}"] = run
-        import torch
+        if jobs:
+            import torch
 
-        device = torch.device("cuda" if args.device == "cuda" else "cpu")
-        h.save_results(path, results, "bench_trust.py", argv, device)
+            for run in run_all(args, jobs):
+                done[f"{run['recipe']}/{run['draw']}"] = run
+            device = torch.device("cuda" if args.device == "cuda" else "cpu")
+            h.save_results(path, results, "bench_trust.py", argv, device)
+        else:
+            # Nothing run: the file's machines and commands stay its own.
+            print("Every draw asked for is in the file already.", file=sys.stderr)
     h.publish_table(path, render(results, args.failing_above))
 
 

@@ -1111,10 +1111,27 @@ def test_a_title_given_to_a_render_is_kept_in_the_file(
     path = tmp_path / f"{results}.json"
     path.write_bytes((RESULTS / f"{results}.json").read_bytes())
     module = bench(script)
+    original = json.loads(path.read_text())
     module.main(["--render-only", f"--json={path}", option, "A title of its own"])
-    assert json.loads(path.read_text())["meta"][key] == "A title of its own"
+    original["meta"][key] = "A title of its own"
+    assert json.loads(path.read_text()) == original  # the title, nothing else
     before = path.read_bytes()
     module.main(["--render-only", f"--json={path}"])
     assert path.read_bytes() == before
     assert ".. rubric:: A title of its own\n" in path.with_suffix(".rst").read_text()
     capsys.readouterr()
+
+
+def test_titles_are_written_at_once_whatever_runs_after(bench, tmp_path):
+    """A run that finds nothing left to run still keeps the title it was
+    given; a title left out changes nothing."""
+    harness = bench("_harness")
+    path = tmp_path / "results.json"
+    results = {"runs": {"a/0": {}}, "meta": {"commands": ["c"]}}
+    harness.keep_titles(path, results, {"title": None})
+    assert not path.exists()
+    harness.keep_titles(path, results, {"title": "T", "refit_title": None})
+    assert json.loads(path.read_text()) == {
+        "runs": {"a/0": {}},
+        "meta": {"commands": ["c"], "title": "T"},
+    }
