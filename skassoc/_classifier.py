@@ -369,7 +369,10 @@ class SemiSupervisedAssociationClassifier(
         of ``2N`` steps and a fit of ``N`` steps continued to ``2N`` give the
         same model when the schedule does not depend on ``max_iter``
         (bitwise on a CPU). Otherwise a new run of ``max_iter`` steps starts
-        from its weights, with a fresh optimizer and schedule. The classes,
+        from its weights, with a fresh optimizer and schedule, up to the
+        full ``learning_rate`` again: on a converged network such a run can
+        diverge into predicting one class (``fit`` then warns; see
+        :ref:`benchmarks_trust_warm_start`). The classes,
         the input shape and the parameters that shape the network
         (``network``, ``embedding_dim``, ``hidden_layer_sizes``,
         ``image_size``, ``image_channels``) must be those of that fit. An
