@@ -1168,10 +1168,11 @@ class SemiSupervisedAssociationClassifier(
             How many samples to suggest (fewer when ``X`` holds fewer
             unlabeled ones).
         y : array-like of shape (n_samples,), default=None
-            Labels as in ``fit`` (``-1`` unlabeled). The labeled samples
-            mark the regions already covered, and only unlabeled samples
-            are suggested. Without ``y`` every sample of ``X`` is a
-            candidate and no region counts as covered.
+            Labels as in ``fit`` (``-1`` unlabeled), each a class of the
+            fit (``classes_``). The labeled samples mark the regions
+            already covered, and only unlabeled samples are suggested.
+            Without ``y`` every sample of ``X`` is a candidate and no
+            region counts as covered.
         random_state : int, RandomState instance or None, default=None
             Seeds the clustering.
 
@@ -1180,6 +1181,13 @@ class SemiSupervisedAssociationClassifier(
         indices : ndarray of int
             Positions in ``X`` of the suggested samples (``X.iloc[indices]``
             for a DataFrame), in the order to label them.
+
+        Raises
+        ------
+        ValueError
+            If ``X`` is empty, if ``y`` does not give one label per sample
+            of ``X``, has no ``-1``, or holds a label that is no class of
+            the fit.
 
         See Also
         --------

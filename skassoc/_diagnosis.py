@@ -216,7 +216,7 @@ class FitReport:
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts
         ):
             raise ValueError("bad fit_report sample counts.")
-        labels = list(classes.tolist())
+        labels = np.asarray(classes).tolist()
         # A report saved before a score existed lacks it: NaN, not computed.
         scores = {k: math.nan if v is None else float(v) for k, v in scores.items()}
         return cls(

@@ -21,12 +21,13 @@ import torch
 from sklearn.cluster import KMeans, MiniBatchKMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
+from sklearn.utils.validation import _num_samples, column_or_1d
 
 from ._diagnosis import largest_excess
 from ._inputs import unlabeled_mask
 from ._prior import apply_class_prior
 
-__all__ = ["rank_regions", "suggest_from_embeddings"]
+__all__ = ["NO_CLASS", "rank_regions", "suggest_from_embeddings"]
 
 #: Neighbours whose mean distance measures a sample's typicality (TypiClust's).
 TYPICALITY_NEIGHBOURS = 20
@@ -184,7 +185,8 @@ def suggest_from_embeddings(
         # The rest over the whole pool, clustered as an unfocused suggestion
         # would be (enough of them to skip the focus's rows), rows not yet
         # picked first.
-        rest = _region_picks(pool, anchors, class_ratio, n_labels + len(picks), rng)
+        wanted = min(n_labels + len(picks), len(pool))
+        rest = _region_picks(pool, anchors, class_ratio, wanted, rng)
         rows, taken = set(row_of[picks].tolist()), set(picks)
         left = [i for i in rest.tolist() if i not in taken]
         fresh = [i for i in left if row_of[i] not in rows]
@@ -226,6 +228,8 @@ def _typical_picks(points, labels, distinct_of, order, n_labels, rng):
     picks, taken = [], np.zeros(len(points), dtype=bool)
     row_taken = np.zeros(distinct_of.max() + 1, dtype=bool)
     rotation = list(order)
+    # Every sample at most once: no more picks than samples, whatever asked.
+    n_labels = min(n_labels, len(points))
     while len(picks) < n_labels:
         fresh_only = not row_taken.all()
         for region in rotation:
@@ -264,28 +268,60 @@ def _suspect_class(report, classes):
     )
 
 
+#: The label of a labeled sample whose class is not known (a modAL learner
+#: without ``y_training``): it marks a covered region, and no class.
+NO_CLASS = object()
+
+
+def _labels_and_pool(y, n_samples):
+    """``y`` (as in fit, or None) as a 1-D array, and where it marks the
+    samples to choose among (all of them without ``y``)."""
+    if y is None:
+        return None, np.ones(n_samples, dtype=bool)
+    # A column vector, as fit takes it (with the same warning).
+    y = column_or_1d(y, warn=True)
+    if len(y) != n_samples:
+        raise ValueError(
+            f"y has {len(y)} labels for {n_samples} samples of X; pass y as in "
+            "fit (-1 for each unlabeled sample), or no y."
+        )
+    return y, unlabeled_mask(y)
+
+
+def _check_known_labels(y, unlabeled, classes):
+    """Refuse labels that are no class of the fit: their regions would not
+    count as covered by their class (a string "1" is not the class 1)."""
+    known = set(classes.tolist())
+    unknown = [
+        label
+        for label in dict.fromkeys(y[~unlabeled].tolist())
+        if label is not NO_CLASS and label not in known
+    ]
+    if unknown:
+        raise ValueError(
+            f"y holds labels that are not classes of the fit: {unknown[:5]!r} "
+            f"(the classes are {classes.tolist()[:10]!r}). Pass y as in fit, "
+            "with the same label type (-1 for each unlabeled sample)."
+        )
+
+
 def suggest_labels(estimator, X, n_labels, y, random_state):
     """``estimator.suggest_labels``: see there."""
-    from sklearn.utils.validation import _num_samples
-
     n_samples = _num_samples(X)
-    unlabeled = np.ones(n_samples, dtype=bool)
-    if y is not None:
-        y = np.asarray(y)
-        if len(y) != n_samples:
-            raise ValueError(
-                f"y has {len(y)} labels for {n_samples} samples of X; pass y as in "
-                "fit (-1 for each unlabeled sample), or no y."
-            )
-        unlabeled = unlabeled_mask(y)
+    if n_samples == 0:
+        raise ValueError("X holds no sample: there is nothing to suggest.")
+    y, unlabeled = _labels_and_pool(y, n_samples)
     candidates = np.flatnonzero(unlabeled)
     if len(candidates) == 0:
         raise ValueError(
-            "There is no unlabeled sample to suggest: X holds none (y has no -1)."
+            "There is no unlabeled sample to suggest: every sample of X is "
+            "labeled in y (mark the unlabeled ones -1)."
         )
     # One pass over X with one fitted state: a refit in another thread
     # cannot mix two models into one suggestion.
     state, embeddings = estimator._forward(X, "embedding")
+    if y is not None:
+        _check_known_labels(y, unlabeled, state.classes)
     pool, anchors = embeddings[unlabeled], embeddings[~unlabeled]
     logits = state.model.logits
     with torch.no_grad():

@@ -10,9 +10,10 @@ given directly, too (modAL need not be installed).
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import _safe_indexing
-from sklearn.utils.validation import _num_samples
+from sklearn.utils.validation import _num_samples, column_or_1d
 
 from ._inputs import unlabeled_mask
+from ._suggest import NO_CLASS
 
 __all__ = ["association_sampling"]
 
@@ -65,9 +66,17 @@ def association_sampling(classifier, X_pool, n_instances=1, *, random_state=None
         return estimator.suggest_labels(X_pool, n_instances, random_state=random_state)
     y_training = getattr(classifier, "y_training", None)
     labels = None
+    if sp.issparse(labeled):
+        labeled = sp.csr_matrix(labeled)  # rows can be picked (not from COO)
     if y_training is not None:
         # A semi-supervised learner's training set may hold -1 rows too.
-        y_training = np.asarray(y_training)
+        y_training = column_or_1d(y_training, warn=True)
+        if len(y_training) != _num_samples(labeled):
+            raise ValueError(
+                f"The learner's y_training has {len(y_training)} labels for "
+                f"{_num_samples(labeled)} rows of X_training; give one label "
+                "(or -1) per row."
+            )
         known = np.flatnonzero(~unlabeled_mask(y_training))
         labeled = _safe_indexing(labeled, known)
         labels = y_training[known]
@@ -77,13 +86,9 @@ def association_sampling(classifier, X_pool, n_instances=1, *, random_state=None
     # which of these a suspect class already has (a learner without
     # y_training: a marker equal to no class).
     y = np.full(n_labeled + _num_samples(X_pool), -1, dtype=object)
-    y[:n_labeled] = _NO_CLASS if labels is None else labels
+    y[:n_labeled] = NO_CLASS if labels is None else labels
     picks = estimator.suggest_labels(X, n_instances, y=y, random_state=random_state)
     return picks - n_labeled
-
-
-#: The label of a labeled sample whose class the learner does not hold.
-_NO_CLASS = object()
 
 
 def _stack_rows(first, second):

@@ -178,6 +178,7 @@ def test_report_round_trips_through_its_dict_and_refuses_bad_ones():
     report = _report(np.repeat([0, 1, 2], [500, 300, 200]), n_classes=3)
     classes = np.array(["cat", "dog", "eel"])
     assert FitReport.from_dict(report.to_dict(), classes) == report
+    assert FitReport.from_dict(report.to_dict(), classes.tolist()) == report
     bad = [
         {**report.to_dict(), "verdict": "great"},
         {**report.to_dict(), "scores": {"x": "1"}},
@@ -337,6 +338,35 @@ def test_association_sampling_tells_the_suggestion_the_learners_labels(
     assert not np.isin(seen[0][: len(X)], ["zero", "one", 0, 1]).any()
 
 
+def test_association_sampling_checks_the_learners_labels_and_rows(fitted_blobs):
+    import scipy.sparse as sp
+
+    clf, X, y, _ = fitted_blobs
+    labeled = np.flatnonzero(y != -1)
+    pool = X[y == -1]
+    learner = type(
+        "Learner",
+        (),
+        {"estimator": clf, "X_training": X[labeled], "y_training": y[labeled][:3]},
+    )()
+    with pytest.raises(ValueError, match="y_training has 3 labels for 9 rows"):
+        association_sampling(learner, pool, n_instances=2)
+    # A column of labels and COO rows are read as fit would read them; the
+    # picks are those of the plain arrays.
+    learner.y_training = y[labeled]
+    expected = association_sampling(learner, pool, n_instances=2, random_state=0)
+    learner.y_training = y[labeled][:, None]
+    learner.X_training = sp.coo_matrix(X[labeled])
+    with pytest.warns(Warning, match="column-vector y"):
+        picks = association_sampling(learner, pool, n_instances=2, random_state=0)
+    np.testing.assert_array_equal(picks, expected)
+    # The learner's labels as fit's: suggesting from no class is refused
+    # (a label with no class is one only association_sampling itself makes).
+    learner.y_training = np.full(len(labeled), 7)
+    with pytest.raises(ValueError, match="not classes of the fit: \\[7\\]"):
+        association_sampling(learner, pool, n_instances=2)
+
+
 @pytest.mark.parametrize("verdict", ["suspect", "ok"])
 def test_suggest_labels_focuses_on_the_class_a_suspect_report_names(
     fitted_blobs, monkeypatch, verdict
@@ -451,12 +481,26 @@ def test_suggest_labels_takes_sparse_rows():
     assert chosen.min() >= 0 and chosen.max() < 114
 
 
-def test_suggest_labels_reads_string_labels(fitted_blobs):
+def test_suggest_labels_reads_string_labels_and_refuses_foreign_ones(fitted_blobs):
+    from sklearn.base import clone
+    from sklearn.exceptions import DataConversionWarning
+
     clf, X, y, _ = fitted_blobs
     names = np.where(y == -1, "-1", np.where(y == 0, "zero", "one"))
-    picks = clf.suggest_labels(X, 3, y=names, random_state=0)
-    np.testing.assert_array_equal(picks, clf.suggest_labels(X, 3, y=y, random_state=0))
-    assert (y[picks] == -1).all()
+    # Labels of no class of the fit would not count for their class.
+    with pytest.raises(ValueError, match=r"not classes of the fit: \['zero', 'one'\]"):
+        clf.suggest_labels(X, 3, y=names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FitReportWarning)
+        named = clone(clf).fit(X, names)
+    picks = named.suggest_labels(X, 3, y=names, random_state=0)
+    assert (y[picks] == -1).all() and len(set(picks.tolist())) == 3
+    # A column vector is read as fit reads it, with its warning.
+    with pytest.warns(DataConversionWarning):
+        column = clf.suggest_labels(X, 3, y=y[:, None], random_state=0)
+    np.testing.assert_array_equal(column, clf.suggest_labels(X, 3, y=y, random_state=0))
+    with pytest.raises(ValueError, match="X holds no sample"):
+        clf.suggest_labels(X[:0], 3)
 
 
 def test_ctrl_c_during_a_stacked_candidates_report_stops_the_search(
@@ -501,6 +545,21 @@ def test_a_pool_of_repeated_rows_still_gives_every_pick_asked_for():
     assert len(picks) == 6 and len(set(picks.tolist())) == 6
     # Spread first: the first three picks are the three distinct points.
     assert len({tuple(row) for row in pool[picks[:3]]}) == 3
+
+
+@pytest.mark.parametrize("n_labels", [13, 15, 40])
+def test_a_focused_suggestion_of_nearly_all_the_pool_or_more_ends(n_labels):
+    """A suspect class's picks, then the rest of the pool: as many distinct
+    samples as asked, or every sample once when the pool holds fewer (this
+    once never returned)."""
+    rng = np.random.default_rng(0)
+    pool = _blobs(np.eye(3, 4) * 3, [5, 5, 5], rng)
+    anchors = _blobs(np.eye(3, 4) * 3, [1, 1, 1], rng)
+    in_class = np.repeat([True, False, False], 5)
+    focus = (in_class, np.array([True, False, False]))
+    picks = suggest_from_embeddings(pool, anchors, np.ones(15), n_labels, 0, focus)
+    assert len(picks) == min(n_labels, 15) == len(set(picks.tolist()))
+    assert in_class[picks[:5]].all()  # the suspect class's samples first
 
 
 def test_walk_visits_over_blocks_of_the_pool_equal_those_over_all_of_it(
