@@ -1180,7 +1180,9 @@ class SemiSupervisedAssociationClassifier(
         -------
         indices : ndarray of int
             Positions in ``X`` of the suggested samples (``X.iloc[indices]``
-            for a DataFrame), in the order to label them.
+            for a DataFrame), in the order to label them. The regions
+            depend on ``n_labels``: a call for fewer labels may begin with
+            other samples than this call's first ones.
 
         Raises
         ------

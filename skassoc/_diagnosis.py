@@ -139,7 +139,10 @@ class FitReport:
         The scores of :data:`REPORT_SCORES` (NaN where not computed).
     predicted_shares, expected_shares : dict of label to float
         Per class: its share of the unlabeled samples' predictions, and the
-        share the fit expects (empty when unknown).
+        share the fit expects (empty when unknown). With ``class_prior``
+        given, the predictions are weighed by it as ``predict`` weighs
+        them; with ``"auto"`` they are the network's own, before the
+        frequencies that ``predict`` estimates.
     n_labeled, n_unlabeled : int
         Samples the report was computed on.
     """

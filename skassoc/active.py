@@ -39,7 +39,8 @@ def association_sampling(classifier, X_pool, n_instances=1, *, random_state=None
     Returns
     -------
     indices : ndarray of int
-        Indices into ``X_pool``, in the order to label them.
+        Indices into ``X_pool``, in the order to label them (for this
+        ``n_instances``: the regions depend on it).
 
     See Also
     --------
