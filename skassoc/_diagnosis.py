@@ -23,6 +23,7 @@ pass of the trained network.
 """
 
 import math
+import statistics
 import warnings
 from dataclasses import dataclass, field
 
@@ -63,8 +64,12 @@ REPORT_CHUNK = 1_024
 #: for how often it flags failed and good fits.
 SHARE_EXCESS_TOLERANCE = 0.1
 #: Standard errors the excess must exceed as well: on few unlabeled
-#: samples a share is itself too noisy to read.
+#: samples a share is itself too noisy to read. This holds up to
+#: :data:`SHARE_Z_CLASSES` classes; with more, see :func:`share_excess_z`.
 SHARE_EXCESS_Z = 3.0
+#: The number of classes whose largest excess :data:`SHARE_EXCESS_Z` is read
+#: for (MNIST's ten, where the verdict was measured).
+SHARE_Z_CLASSES = 10
 #: Fits shorter than this many steps are not warned about: their shares say
 #: more about the short training (a smoke test, a search's quick candidate)
 #: than about the data; their report still gives the verdict.
@@ -485,7 +490,7 @@ def _checked_report(classes, expected, share_scores, graph_scores, *counts):
         **graph_scores,
     }
     reasons = ()
-    if is_suspect(scores):
+    if is_suspect(scores, len(classes)):
         reasons = (
             f"class {classes.tolist()[worst]!r} takes {shares[worst]:.1%} of the "
             f"unlabeled samples where {expected[worst]:.1%} is expected: a region of "
@@ -513,21 +518,39 @@ _UNKNOWN_SHARES = (
 )
 
 
-def is_suspect(scores):
+def is_suspect(scores, n_classes=None):
     """The verdict's rule, on a report's scores: a class's share excess
-    (:data:`SHARE_EXCESS_TOLERANCE`, :data:`SHARE_EXCESS_Z`) that the inputs
+    (:data:`SHARE_EXCESS_TOLERANCE`, :func:`share_excess_z`) that the inputs
     do not explain as a frequent class (:data:`FREQUENT_CLASS_MARGIN`; a
-    missing or NaN ``excess_class_input_disagreement`` explains nothing)."""
-    return share_excess(scores) and not _frequent_class(scores)
+    missing or NaN ``excess_class_input_disagreement`` explains nothing).
+    ``n_classes``: the fit's, None for at most :data:`SHARE_Z_CLASSES`."""
+    return share_excess(scores, n_classes) and not _frequent_class(scores)
 
 
-def share_excess(scores):
+def share_excess(scores, n_classes=None):
     """The share part of :func:`is_suspect`: a class takes markedly more of
     the unlabeled samples than expected."""
-    return (
-        scores["class_share_ratio"] - 1 > SHARE_EXCESS_TOLERANCE
-        and scores["class_share_z"] > SHARE_EXCESS_Z
-    )
+    return scores["class_share_ratio"] - 1 > SHARE_EXCESS_TOLERANCE and scores[
+        "class_share_z"
+    ] > share_excess_z(n_classes)
+
+
+def share_excess_z(n_classes=None):
+    """Standard errors a class's share excess must exceed among ``n_classes``.
+
+    The verdict reads the largest of the classes' excesses, and the more
+    classes, the likelier noise alone puts one of them above a fixed
+    threshold. Up to :data:`SHARE_Z_CLASSES` classes the threshold is
+    :data:`SHARE_EXCESS_Z`; with more, it rises so that the chance that
+    some class's noise passes it stays that of :data:`SHARE_Z_CLASSES`
+    classes (a Bonferroni correction of the normal tail: about 3.2
+    standard errors for 20 classes, 3.6 for 100).
+    """
+    if n_classes is None or n_classes <= SHARE_Z_CLASSES:
+        return SHARE_EXCESS_Z
+    normal = statistics.NormalDist()
+    tail = SHARE_Z_CLASSES * (1 - normal.cdf(SHARE_EXCESS_Z)) / n_classes
+    return normal.inv_cdf(1 - tail)
 
 
 def _frequent_class(scores):

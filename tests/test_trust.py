@@ -12,6 +12,7 @@ from skassoc._diagnosis import (
     REPORT_SCORES,
     FitReport,
     FitReportWarning,
+    class_share_scores,
     diagnose_embeddings,
     is_suspect,
 )
@@ -711,3 +712,51 @@ def test_a_report_saved_before_a_score_existed_loads_it_as_nan():
     loaded = FitReport.from_dict(entry, np.array(["cat", "dog"]))
     assert set(loaded.scores) == set(REPORT_SCORES)
     assert np.isnan(loaded.scores["excess_class_low_visit"])
+
+
+def test_the_share_threshold_rises_with_the_classes_as_their_noise_does():
+    from statistics import NormalDist
+
+    from skassoc._diagnosis import (
+        SHARE_EXCESS_Z,
+        SHARE_Z_CLASSES,
+        _checked_report,
+        share_excess_z,
+    )
+
+    assert share_excess_z() == share_excess_z(2) == share_excess_z(10) == 3.0
+    thresholds = [share_excess_z(k) for k in (11, 20, 100, 1000)]
+    assert thresholds == sorted(thresholds) and thresholds[0] > 3.0
+    # As likely that noise passes it somewhere among 100 classes as among 10.
+    tail = 1 - NormalDist().cdf(share_excess_z(100))
+    assert math.isclose(
+        100 * tail, SHARE_Z_CLASSES * (1 - NormalDist().cdf(SHARE_EXCESS_Z))
+    )
+    # The report reads its own number of classes: the same excess, 3.3
+    # standard errors, is suspect among 10 classes and not among 100.
+    for n_classes, verdict in [(10, "suspect"), (100, "ok")]:
+        expected = np.full(n_classes, 1 / n_classes)
+        shares = expected.copy()
+        shares[0], shares[1] = 1.5 / n_classes, 0.5 / n_classes
+        share_scores = (shares, 0, 0.5 / n_classes, 3.3)
+        classes = np.arange(n_classes)
+        report = _checked_report(classes, expected, share_scores, {}, 5, 999)
+        assert report.verdict == verdict
+
+
+def test_perfect_fits_of_many_classes_seldom_look_suspect():
+    """Perfect predictions of a population whose classes are as frequent as
+    expected: only the noise of the shares can trip the verdict."""
+    rng = np.random.default_rng(0)
+    n_classes, expected = 100, np.full(100, 0.01)
+    flagged = {None: 0, n_classes: 0}
+    for _ in range(200):
+        predicted = rng.integers(0, n_classes, 2_000)
+        shares, worst, excess, z = class_share_scores(
+            np.eye(n_classes)[predicted], expected
+        )
+        scores = {"class_share_ratio": shares[worst] / 0.01, "class_share_z": z}
+        for n in flagged:
+            flagged[n] += is_suspect(scores, n)
+    # A threshold read for 10 classes flags many; the fit's own, few.
+    assert flagged[None] > 30 and flagged[n_classes] < 15
