@@ -24,8 +24,8 @@ classes are about equally frequent: without it the first fit's report
 would check no class shares (its labels are as many a class, which says
 nothing about how frequent the classes are), and the refit's would
 expect each class to take its share of the labels, which the 10 new
-labels make unequal. ``max_iter=300`` keeps each fit to a few seconds on one CPU core
-(``"auto"`` trains longer). :ref:`user_guide_trust` says what the report
+labels make unequal. ``max_iter=300`` keeps each fit to a few seconds on
+one CPU core (``"auto"`` trains longer). :ref:`user_guide_trust` says what the report
 can and cannot tell.
 """
 

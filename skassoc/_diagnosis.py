@@ -539,9 +539,8 @@ def is_suspect(scores, n_classes=None):
 def share_excess(scores, n_classes=None):
     """The share part of :func:`is_suspect`: a class takes markedly more of
     the unlabeled samples than expected."""
-    return scores["class_share_ratio"] - 1 > SHARE_EXCESS_TOLERANCE and scores[
-        "class_share_z"
-    ] > share_excess_z(n_classes)
+    ratio, z = scores["class_share_ratio"], scores["class_share_z"]
+    return ratio - 1 > SHARE_EXCESS_TOLERANCE and z > share_excess_z(n_classes)
 
 
 def share_excess_z(n_classes=None):
