@@ -110,7 +110,7 @@ def test_the_verdict_clears_a_share_excess_only_beyond_the_margin():
         scores["excess_class_input_disagreement"] = disagreement
         assert is_suspect(scores) is suspect
     assert not is_suspect({**scores, "class_share_ratio": 1.05})
-    # A class at more than 1.5 times its expected share is no frequent
+    # A class at more than twice its expected share is no frequent
     # class, whatever the inputs say (a fit at chance level can score so).
     assert not is_suspect({**scores, "class_share_ratio": FREQUENT_CLASS_MAX_RATIO})
     assert is_suspect({**scores, "class_share_ratio": 6.0})
