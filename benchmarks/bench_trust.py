@@ -46,7 +46,12 @@ from collections import Counter
 import _harness as h
 import numpy as np
 
-from skassoc._diagnosis import FREQUENT_CLASS_MARGIN, largest_excess, share_excess
+from skassoc._diagnosis import (
+    FREQUENT_CLASS_MARGIN,
+    FREQUENT_CLASS_MAX_RATIO,
+    largest_excess,
+    share_excess,
+)
 
 #: Strategies a failing draw is refitted with.
 STRATEGIES = ("association", "random", "margin", "entropy")
@@ -253,11 +258,15 @@ def clearing_score(runs):
 
 def verdict_rule(clearing):
     """The verdict of reports whose clearing score is ``clearing``: the
-    share rule, unless that score is below its margin's negative."""
+    share rule, unless that score is below its margin's negative (the
+    inputs' score clears no class above ``FREQUENT_CLASS_MAX_RATIO``, as
+    in fit). MNIST's ten classes: the share rule's ten-class threshold."""
 
     def suspect(scores):
         value = scores.get(clearing) if clearing else None
         cleared = value is not None and value < -CLEARING_SCORES[clearing]
+        if clearing == "excess_class_input_disagreement":
+            cleared &= scores["class_share_ratio"] <= FREQUENT_CLASS_MAX_RATIO
         return share_excess(scores) and not cleared
 
     return suspect

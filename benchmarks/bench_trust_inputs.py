@@ -88,14 +88,15 @@ def _replayed(recipe, draw, fitted, predicted, X, y):
     spread = spread_labels(lambda rows: X[rows], labeled, encoded[labeled], graph, seed)
     report = fitted["report"]
     excess = largest_excess(report["predicted_shares"], report["expected_shares"])
+    n_classes = len(report["predicted_shares"]) or None
     score = _input_disagreement(spread, predicted[graph], excess)
     return {
         "recipe": recipe,
         "draw": draw,
         "test_error_percent": fitted["err"],
         "score": score,
-        "shares_alone": bool(share_excess(report["scores"])),
-        "verdict": bool(is_suspect({**report["scores"], SCORE: score})),
+        "shares_alone": bool(share_excess(report["scores"], n_classes)),
+        "verdict": bool(is_suspect({**report["scores"], SCORE: score}, n_classes)),
         "verdict_at_fit": report["verdict"] == "suspect",
     }
 

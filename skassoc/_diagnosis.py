@@ -557,8 +557,9 @@ def share_excess_z(n_classes=None):
     if n_classes is None or n_classes <= SHARE_Z_CLASSES:
         return SHARE_EXCESS_Z
     normal = statistics.NormalDist()
-    tail = SHARE_Z_CLASSES * (1 - normal.cdf(SHARE_EXCESS_Z)) / n_classes
-    return normal.inv_cdf(1 - tail)
+    # The lower tail, mirrored: exact where 1 - tail would round.
+    tail = SHARE_Z_CLASSES * normal.cdf(-SHARE_EXCESS_Z) / n_classes
+    return -normal.inv_cdf(tail)
 
 
 def _frequent_class(scores):

@@ -311,6 +311,9 @@ def suggest_labels(estimator, X, n_labels, y, random_state):
     if n_samples == 0:
         raise ValueError("X holds no sample: there is nothing to suggest.")
     y, unlabeled = _labels_and_pool(y, n_samples)
+    if y is not None:
+        # Before the pass over X: a wrong y fails at once.
+        _check_known_labels(y, unlabeled, estimator.classes_)
     candidates = np.flatnonzero(unlabeled)
     if len(candidates) == 0:
         raise ValueError(
@@ -320,8 +323,6 @@ def suggest_labels(estimator, X, n_labels, y, random_state):
     # One pass over X with one fitted state: a refit in another thread
     # cannot mix two models into one suggestion.
     state, embeddings = estimator._forward(X, "embedding")
-    if y is not None:
-        _check_known_labels(y, unlabeled, state.classes)
     pool, anchors = embeddings[unlabeled], embeddings[~unlabeled]
     logits = state.model.logits
     with torch.no_grad():

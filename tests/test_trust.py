@@ -1,6 +1,7 @@
 """fit_report_ (is my model any good?) and suggest_labels (what to label next)."""
 
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -563,7 +564,19 @@ def test_a_focused_suggestion_of_nearly_all_the_pool_or_more_ends(n_labels):
     anchors = _blobs(np.eye(3, 4) * 3, [1, 1, 1], rng)
     in_class = np.repeat([True, False, False], 5)
     focus = (in_class, np.array([True, False, False]))
-    picks = suggest_from_embeddings(pool, anchors, np.ones(15), n_labels, 0, focus)
+    found = []
+    # In a thread, so that a return of the endless loop fails the test
+    # instead of stalling the suite (a daemon: it cannot block the exit).
+    worker = threading.Thread(
+        target=lambda: found.append(
+            suggest_from_embeddings(pool, anchors, np.ones(15), n_labels, 0, focus)
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout=60)
+    assert found, "suggest_from_embeddings did not return"
+    [picks] = found
     assert len(picks) == min(n_labels, 15) == len(set(picks.tolist()))
     assert in_class[picks[:5]].all()  # the suspect class's samples first
 
