@@ -241,6 +241,16 @@ def write_json(path, data):
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
+def runs_file(parser, path, render_only):
+    """The results of the runs kept in ``path`` (none yet: an empty file's),
+    or ``parser``'s error for a render of a file that is not there."""
+    if not Path(path).exists():
+        if render_only:
+            parser.error(f"--render-only needs {shown_path(path)}, which is not there")
+        return {"runs": {}}
+    return load_json(path)
+
+
 def keep_titles(path, results, titles):
     """Put the tables' ``titles`` (meta key to title; None: unchanged) in
     ``results``' meta and write the file at once, so that every later run

@@ -305,12 +305,7 @@ def main(argv=None):
         help="fit each draw with two seeds and the same labels instead",
     )
     args = parser.parse_args(argv)
-    exists = h.Path(args.json).exists()
-    if args.render_only and not exists:
-        parser.error(
-            f"--render-only needs {h.shown_path(args.json)}, which is not there"
-        )
-    results = h.load_json(args.json) if exists else {"runs": {}}
+    results = h.runs_file(parser, args.json, args.render_only)
     h.keep_titles(args.json, results, {"title": args.title})
     if not args.render_only:
         given = sys.argv[1:] if argv is None else argv

@@ -48,7 +48,7 @@ import numpy as np
 
 from skassoc._diagnosis import (
     FREQUENT_CLASS_MARGIN,
-    FREQUENT_CLASS_MAX_RATIO,
+    is_suspect,
     largest_excess,
     share_excess,
 )
@@ -257,16 +257,16 @@ def clearing_score(runs):
 
 
 def verdict_rule(clearing):
-    """The verdict of reports whose clearing score is ``clearing``: the
-    share rule, unless that score is below its margin's negative (the
-    inputs' score clears no class above ``FREQUENT_CLASS_MAX_RATIO``, as
-    in fit). MNIST's ten classes: the share rule's ten-class threshold."""
+    """The verdict of reports whose clearing score is ``clearing``: fit's own
+    rule for the inputs' score (MNIST's ten classes: its ten-class
+    threshold); for an older score, the share rule unless that score is
+    below its margin's negative."""
 
     def suspect(scores):
+        if clearing == "excess_class_input_disagreement":
+            return is_suspect(scores)  # fit's own rule
         value = scores.get(clearing) if clearing else None
         cleared = value is not None and value < -CLEARING_SCORES[clearing]
-        if clearing == "excess_class_input_disagreement":
-            cleared &= scores["class_share_ratio"] <= FREQUENT_CLASS_MAX_RATIO
         return share_excess(scores) and not cleared
 
     return suspect
@@ -534,9 +534,7 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     path = h.Path(args.json or h.RESULTS_DIR / f"trust_{args.device}.json")
-    if args.render_only and not path.exists():
-        parser.error(f"--render-only needs {h.shown_path(path)}, which is not there")
-    results = h.load_json(path) if path.exists() else {"runs": {}}
+    results = h.runs_file(parser, path, args.render_only)
     titles = {"title": args.title, "refit_title": args.refit_title}
     h.keep_titles(path, results, titles)
     if not args.render_only:

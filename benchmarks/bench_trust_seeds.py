@@ -101,9 +101,7 @@ def main(argv=None):
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     path = h.RESULTS_DIR / f"trust_seeds_{args.device}.json"
-    if args.render_only and not path.exists():
-        parser.error(f"--render-only needs {h.shown_path(path)}, which is not there")
-    results = h.load_json(path) if path.exists() else {"runs": {}}
+    results = h.runs_file(parser, path, args.render_only)
     if not args.render_only:
         import torch
 
