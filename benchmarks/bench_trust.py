@@ -16,7 +16,9 @@ the fit's weights (``--refits warm``: ``warm_start=True``, a new run of
 ``"<strategy>, warm start"``.
 
 ``--title`` and ``--refit-title`` give a file's tables headings of their
-own (kept in the file), for pages that show several files.
+own (kept in the file), for pages that show several files. ``--pool``
+fits nothing: it pools the refits of several results files into the table
+of ``--json``.
 
 Runs spread over the GPUs of ``--gpus`` (a process each). Results go to
 ``benchmarks/results/trust_<device>.json`` (runs already there are kept and
@@ -32,6 +34,9 @@ skipped, whatever strategies and refits they hold) and the table to
         --draws 2,3,17 --strategies association random --refits new warm \\
         --json benchmarks/results/trust_warm_cuda.json
     python benchmarks/bench_trust.py --render-only
+    python benchmarks/bench_trust.py --pool \\
+        benchmarks/results/trust_warm_cuda.json \\
+        benchmarks/results/trust_warm_held_out_cuda.json --json /tmp/pooled.json
 """
 
 import argparse
@@ -228,6 +233,13 @@ WARM_NOTE = (
     'Rows "..., warm start": the same labels, the refit continuing the '
     "draw's fit (``warm_start=True``) instead of training a new network. "
 )
+#: What the refits tables say of the recommended refit's rows, where they
+#: have them.
+RECOMMENDED_NOTE = (
+    'Rows "..., a new fit if suspect": the loop the user guide recommends, '
+    'the warm start or, where its verdict is "suspect", the new fit of the '
+    "same labels (how many draws took the new fit, in brackets). "
+)
 #: Thresholds of class_share_ratio shown beside the verdict's own.
 RATIO_THRESHOLDS = (1.125, 1.15)
 
@@ -394,6 +406,45 @@ def score_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
     return rows
 
 
+#: The refit the user guide recommends: the warm start, or a new fit when
+#: the warm start's report is suspect (:func:`recommended_refit`).
+RECOMMENDED = "{}, warm start; a new fit if suspect"
+
+
+def recommended_refit(refits, strategy):
+    """One draw's record of the refit the user guide recommends, with the
+    labels of ``strategy``: its warm start, or its new fit when the warm
+    start's verdict is ``"suspect"``. None where the draw lacks either refit
+    or the warm start's verdict (runs made before the script recorded it)."""
+    warm = refits.get(refit_key(strategy, "warm"))
+    new = refits.get(refit_key(strategy, "new"))
+    if warm is None or new is None or "verdict" not in warm:
+        return None
+    return new if warm["verdict"] == "suspect" else warm
+
+
+def _error_row(recipe, label, errors):
+    return [
+        recipe,
+        label,
+        str(len(errors)),
+        h.fmt(float(np.median(errors))),
+        h.fmt(max(errors)),
+    ]
+
+
+def _recommended_row(recipe, refitted, strategy):
+    """The recommended refit's row, labeled with how many draws it refitted
+    anew; None where no draw holds what it needs."""
+    chosen = [recommended_refit(r["refits"], strategy) for r in refitted]
+    pairs = [(r, c) for r, c in zip(refitted, chosen) if c is not None]
+    if not pairs:
+        return None
+    anew = sum(c is r["refits"][strategy] for r, c in pairs)
+    label = f"{RECOMMENDED.format(strategy)} ({anew} new)"
+    return _error_row(recipe, label, [c["test_error_percent"] for _, c in pairs])
+
+
 def suggestion_rows(runs):
     rows = []
     for recipe in sorted({r["recipe"] for r in runs}):
@@ -401,15 +452,7 @@ def suggestion_rows(runs):
         if not refitted:
             continue
         before = [r["test_error_percent"] for r in refitted]
-        rows.append(
-            [
-                recipe,
-                "none (the fit)",
-                str(len(before)),
-                h.fmt(float(np.median(before))),
-                h.fmt(max(before)),
-            ]
-        )
+        rows.append(_error_row(recipe, "none (the fit)", before))
         for strategy in (refit_key(s, r) for r in REFITS for s in STRATEGIES):
             errors = [
                 r["refits"][strategy]["test_error_percent"]
@@ -417,15 +460,10 @@ def suggestion_rows(runs):
                 if strategy in r["refits"]
             ]
             if errors:
-                rows.append(
-                    [
-                        recipe,
-                        strategy,
-                        str(len(errors)),
-                        h.fmt(float(np.median(errors))),
-                        h.fmt(max(errors)),
-                    ]
-                )
+                rows.append(_error_row(recipe, strategy, errors))
+        rows += filter(
+            None, (_recommended_row(recipe, refitted, s) for s in STRATEGIES)
+        )
     return rows
 
 
@@ -474,29 +512,94 @@ def render(results, failing_above):
             + f"\n\n{scores}\n"
         )
     if refitted:
-        suggestions = h.rst_table(
-            [
-                "recipe",
-                f"{EXTRA_LABELS} more labels from",
-                "draws",
-                "median error %",
-                "worst %",
-            ],
-            suggestion_rows(refitted),
-        )
+        suggestions = _refit_table(refitted)
         parts.append(
             f".. rubric:: {results['meta'].get('refit_title', REFIT_TITLE)}\n\n"
             "The failed draws of the runs with refits, each refitted with the "
             "labels of 10 more samples chosen by each strategy (same seed). "
-            + (
-                WARM_NOTE
-                if any(", warm start" in k for r in refitted for k in r["refits"])
-                else ""
-            )
+            + _refit_notes(refitted)
             + ("Made by the commands above" if reported else f"Made by {commands}")
             + f".\n\n{suggestions}\n"
         )
     return "\n".join(parts)
+
+
+#: The pooled table's title.
+POOLED_TITLE = "The failed draws of several runs, pooled"
+
+
+def _warm_against_new(refitted, strategy):
+    """Where the warm start ended against the new fit, as a sentence."""
+    pairs = [
+        (r["refits"][refit_key(strategy, "warm")], r["refits"][strategy])
+        for r in refitted
+        if {strategy, refit_key(strategy, "warm")} <= set(r["refits"])
+    ]
+    if not pairs:
+        return ""
+    below, level, above = (
+        sum(
+            np.sign(w["test_error_percent"] - n["test_error_percent"]) == s
+            for w, n in pairs
+        )
+        for s in (-1, 0, 1)
+    )
+    return (
+        f'With the labels of "{strategy}", the warm start ended below the new '
+        f"fit on {below} of {len(pairs)} draws, level on {level}, above on {above}. "
+    )
+
+
+def _refit_notes(runs):
+    """What the refits table of ``runs`` says of its warm-start rows."""
+    warm = any(", warm start" in k for r in runs for k in r["refits"])
+    recommended = any(
+        recommended_refit(r["refits"], s) for r in runs for s in STRATEGIES
+    )
+    return (WARM_NOTE if warm else "") + (RECOMMENDED_NOTE if recommended else "")
+
+
+def _refit_table(runs):
+    return h.rst_table(
+        [
+            "recipe",
+            f"{EXTRA_LABELS} more labels from",
+            "draws",
+            "median error %",
+            "worst %",
+        ],
+        suggestion_rows(runs),
+    )
+
+
+def pool(paths, out, argv):
+    """Pool the refits of the results files ``paths`` into one table, written
+    beside ``out`` (``.rst``); ``out`` keeps the table's rows and each file's
+    meta (its machines and commands)."""
+    sources = {h.shown_path(p): h.read_results(p) for p in paths}
+    refitted = [
+        run
+        for results in sources.values()
+        for run in results.get("runs", {}).values()
+        if run.get("refits")
+    ]
+    if not refitted:
+        raise SystemExit(f"error: no file of {list(sources)} holds a refitted draw.")
+    command = " ".join(["python benchmarks/bench_trust.py", *argv])
+    meta = {name: results.get("meta", {}) for name, results in sources.items()}
+    rows = suggestion_rows(refitted)
+    h.write_json(out, {"meta": {"commands": [command], "sources": meta}, "rows": rows})
+    files = ", ".join(f"``{name}``" for name in sources)
+    h.publish_table(
+        out,
+        f".. rubric:: {POOLED_TITLE}\n\n"
+        f"The refits of the failed draws of {files} (their tables give the "
+        "commands that made them), pooled: a draw refitted in two runs counts "
+        "in each. "
+        + _refit_notes(refitted)
+        + "".join(_warm_against_new(refitted, s) for s in STRATEGIES)
+        + f"Made by ``{command}``.\n\n{_refit_table(refitted)}\n",
+    )
 
 
 def main(argv=None):
@@ -532,7 +635,17 @@ def main(argv=None):
     parser.add_argument(
         "--refit-title", help="the refits table's title, kept in --json"
     )
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="FILE",
+        help="pool the refits of these results files into --json's table; fits nothing",
+    )
     args = parser.parse_args(argv)
+    if args.pool:
+        if not args.json:
+            parser.error("--pool needs --json, the file of the pooled table")
+        return pool(args.pool, args.json, sys.argv[1:] if argv is None else argv)
     path = h.Path(args.json or h.RESULTS_DIR / f"trust_{args.device}.json")
     results = h.runs_file(parser, path, args.render_only)
     titles = {"title": args.title, "refit_title": args.refit_title}

@@ -675,6 +675,8 @@ def test_trust_table_spans_runs_of_draws_as_the_command_line_reads_them(bench):
         "trust_inputs_cuda",
         "trust_warm_cuda",
         "trust_warm_held_out_cuda",
+        "trust_warm_verdicts_cuda",
+        "trust_warm_new_draws_cuda",
     ],
 )
 def test_trust_tables_are_rendered_from_their_files(bench, name):
@@ -741,7 +743,63 @@ def test_trust_refits_new_and_warm_each_start_where_they_should(bench, monkeypat
         "random",
         "association, warm start",
         "random, warm start",
+        "association, warm start; a new fit if suspect (1 new)",
+        "random, warm start; a new fit if suspect (1 new)",
     ]
+    # The warm starts were suspect: the loop's rows hold the new fits' errors.
+    assert [row[3] for row in rows[-2:]] == ["0.50"] * 2
+
+
+def test_the_recommended_refit_is_the_warm_start_unless_it_is_suspect(bench):
+    trust = bench("bench_trust")
+
+    def refits(verdict):
+        warm = {"test_error_percent": 90.0, "verdict": verdict}
+        return {
+            "association": {"test_error_percent": 0.9},
+            "association, warm start": warm,
+        }
+
+    assert (
+        trust.recommended_refit(refits("ok"), "association")["test_error_percent"]
+        == 90.0
+    )
+    assert (
+        trust.recommended_refit(refits("suspect"), "association")["test_error_percent"]
+        == 0.9
+    )
+    # Runs made before verdicts were recorded, or without both refits: none.
+    older = refits("ok")
+    del older["association, warm start"]["verdict"]
+    assert trust.recommended_refit(older, "association") is None
+    assert trust.recommended_refit(refits("ok"), "random") is None
+
+
+def test_the_pooled_warm_start_table_is_rendered_from_its_files(bench, tmp_path):
+    trust = bench("bench_trust")
+    committed = json.loads((RESULTS / "trust_warm_pooled.json").read_text())
+    sources = [str(ROOT / path) for path in list(committed["meta"]["sources"])]
+    out = tmp_path / "pooled.json"
+    trust.pool(
+        sources,
+        out,
+        [
+            "--pool",
+            *list(committed["meta"]["sources"]),
+            "--json",
+            "benchmarks/results/trust_warm_pooled.json",
+        ],
+    )
+    assert json.loads(out.read_text())["rows"] == committed["rows"]
+    assert (
+        out.with_suffix(".rst").read_text()
+        == (RESULTS / "trust_warm_pooled.rst").read_text()
+    )
+    # Files without a refitted draw give nothing to pool, and say so.
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"runs": {}}))
+    with pytest.raises(SystemExit, match="no file of"):
+        trust.pool([str(empty)], tmp_path / "none.json", [])
 
 
 def test_trust_warm_refit_leaves_the_fit_it_starts_from_as_it_was(bench):

@@ -166,6 +166,22 @@ def test_the_inputs_clear_a_frequent_class_but_not_a_handed_over_region():
         _spread_report(pred, noisy[:10])
 
 
+def test_a_fit_diverged_into_one_class_is_suspect_whatever_the_inputs_say():
+    """The user guide's loop falls back to a new fit on this verdict."""
+    pred = np.repeat([0, 1, 2], [880, 10, 10])
+    diverged = diagnose_embeddings(
+        *_parts(pred, n_classes=3),
+        np.full(3, 1 / 3),
+        np.array(["cat", "dog", "eel"]),
+        # Inputs that side with the cats and with none of the others, as the
+        # spread labels of a class merely more frequent than expected would.
+        spread=np.zeros(900, dtype=int),
+    )
+    assert diverged.scores["excess_class_input_disagreement"] == pytest.approx(-1.0)
+    assert diverged.scores["class_share_ratio"] == pytest.approx(880 / 300)
+    assert diverged.verdict == "suspect" and "'cat'" in diverged.reasons[0]
+
+
 def test_report_compares_with_given_shares_and_ignores_noise():
     # The same predictions, expected 65/35: nothing to report.
     assert (
