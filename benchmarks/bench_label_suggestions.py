@@ -17,6 +17,11 @@ already there are kept and skipped) and the table to
         --only wine breast-cancer winequality-red digits semeion
     python benchmarks/bench_label_suggestions.py --render-only
 
+With ``--warm-start`` each refit is the user guide's loop instead of a new
+fit: the first fit continued with the new labels (``warm_start=True``), or
+a new fit where the continued fit's report is suspect. A results file
+holds refits of one kind (its meta says which).
+
 With ``--seed-noise`` each draw is fitted twice instead, with the same
 labels and seeds ``d`` and ``d + 1000``: how far a refit moves without any
 new label, the noise the strategies' gains are read against (a second
@@ -26,6 +31,7 @@ table, for the sets measured).
 
 import argparse
 import concurrent.futures
+import functools
 import multiprocessing
 import sys
 import time
@@ -59,6 +65,26 @@ def fit_default(X, y_semi, draw):
         # The report's verdict is recorded, not shown.
         warnings.filterwarnings("ignore", "fit_report_ finds this fit suspect")
         return clf.fit(X, y_semi)
+
+
+#: The refit of ``--warm-start``, as the tables name it.
+WARM_REFIT = "warm start; a new fit if suspect"
+
+
+def refit_default(clf, X, y_more, draw, warm):
+    """A new fit with ``y_more``, or with ``warm`` the user guide's loop: the
+    fit ``clf`` continued on a copy, or a new fit where the continued one's
+    report is suspect. Returns the refit and whether it is a new fit."""
+    if warm:
+        import copy
+
+        more = copy.deepcopy(clf).set_params(warm_start=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "fit_report_ finds this fit suspect")
+            more.fit(X, y_more)
+        if more.fit_report_.verdict != "suspect":
+            return more, False
+    return fit_default(X, y_more, draw), True
 
 
 def _first_level(name):
@@ -111,8 +137,9 @@ def run_seed_noise(job):
     }
 
 
-def run_draw(job):
-    """The first fit of one draw and a refit per strategy; its JSON record."""
+def run_draw(job, warm=False):
+    """The first fit of one draw and a refit per strategy (``warm``: see
+    :func:`refit_default`); its JSON record."""
     name, draw = job
     X, X_test, y, y_test, y_semi, labels = _draw_data(name, draw)
     n_more = len(np.unique(y))
@@ -130,10 +157,11 @@ def run_draw(job):
         extra = pick(strategy, clf, X, y_semi, n_more, draw)
         y_more = y_semi.copy()
         y_more[extra] = y[extra]
-        refit = fit_default(X, y_more, draw)
+        refit, anew = refit_default(clf, X, y_more, draw, warm)
         run["refits"][strategy] = {
             "accuracy": float(refit.score(X_test, y_test)),
             "picked_classes": np.unique(y[extra]).size,
+            "new_fit": anew,
         }
     run["seconds"] = round(time.perf_counter() - start, 1)
     return run
@@ -229,11 +257,21 @@ def strategies_table(results):
         ],
         summary_rows(list(results["runs"].values())),
     )
+    refit = results["meta"].get("refit")
+    how = ""
+    if refit == WARM_REFIT:
+        refits = [f for r in results["runs"].values() for f in r["refits"].values()]
+        anew = sum(f.get("new_fit", False) for f in refits)
+        how = (
+            "; each refit continues the first fit (``warm_start=True``), or fits "
+            "a new network where the continued fit's report is suspect (the user "
+            f"guide's loop: {anew} of {len(refits)} refits did)"
+        )
     return (
         f".. rubric:: {results['meta'].get('title', TITLE)}\n\n"
         "The default estimator on sets of the defaults suite, fitted, then "
         "refitted with the labels of as many more training samples as the set "
-        "has classes, picked by ``suggest_labels`` or at random. Gains are in "
+        f"has classes, picked by ``suggest_labels`` or at random{how}. Gains are in "
         "accuracy points over the first fit, medians over the draws; the "
         "paired difference is the median over the draws of the suggested "
         "refit's gain less the random one's (same draw, same seed); the last "
@@ -304,8 +342,20 @@ def main(argv=None):
         action="store_true",
         help="fit each draw with two seeds and the same labels instead",
     )
+    parser.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="refit as the user guide's loop does: continue the first fit",
+    )
     args = parser.parse_args(argv)
     results = h.runs_file(parser, args.json, args.render_only)
+    held = results.get("meta", {}).get("refit", "new fit") if results["runs"] else None
+    asked = WARM_REFIT if args.warm_start else "new fit"
+    if not args.render_only and not args.seed_noise and held not in (None, asked):
+        parser.error(
+            f"{args.json} holds refits of another kind ({held}); pass another "
+            "--json for refits of this one"
+        )
     h.keep_titles(args.json, results, {"title": args.title})
     if not args.render_only:
         given = sys.argv[1:] if argv is None else argv
@@ -333,7 +383,10 @@ def _measure(args, results, command):
         return  # nothing run: the file's machines and commands stay
     meta = h.extended_meta(section.get("meta", {}), torch.device("cpu"), command)
     section["meta"] = meta
-    work = run_seed_noise if args.seed_noise else run_draw
+    work = run_seed_noise
+    if not args.seed_noise:
+        meta["refit"] = WARM_REFIT if args.warm_start else "new fit"
+        work = functools.partial(run_draw, warm=args.warm_start)
     with _pool(args.jobs) as pool:
         for run in pool.map(work, jobs):
             done[f"{run['dataset']}/{run['draw']}"] = run

@@ -70,6 +70,11 @@ def bench(monkeypatch):
             [f"--json={RESULTS / 'label_suggestions_20_draws_cpu.json'}"],
             "label_suggestions_20_draws_cpu",
         ),
+        (
+            "bench_label_suggestions",
+            [f"--json={RESULTS / 'label_suggestions_warm_20_draws_cpu.json'}"],
+            "label_suggestions_warm_20_draws_cpu",
+        ),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
@@ -1051,6 +1056,52 @@ def test_multi_gpu_throughput_hands_over_every_case_as_it_ends(bench, monkeypatc
     [section] = [json.loads(s) for s in saved]
     assert list(section["cases"]) == [first_case]
     assert section["cases"][first_case]["2"]["speedup"] == 2.0
+
+
+@pytest.mark.parametrize("verdict", ["ok", "suspect"])
+def test_label_suggestions_warm_refit_continues_the_fit_unless_suspect(
+    bench, monkeypatch, verdict
+):
+    """The user guide's loop: a copy of the fit continued with the new
+    labels (the fit itself untouched), a new fit where that copy's report
+    is suspect."""
+    script = bench("bench_label_suggestions")
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 5)).astype(np.float32), np.repeat([0, 1], 30)
+    y_semi = np.where(np.arange(60) % 10 == 0, y, -1)
+    params = {**TINY, "max_iter": 3, "device": "cpu", "random_state": 0}
+    fit = SemiSupervisedAssociationClassifier(**params).fit(X, y_semi)
+    new_fits = []
+    monkeypatch.setattr(
+        script, "fit_default", lambda X, y_more, draw: new_fits.append(draw) or "new"
+    )
+    report = argparse.Namespace(verdict=verdict)
+    monkeypatch.setattr(
+        SemiSupervisedAssociationClassifier,
+        "fit_report_",
+        property(lambda self: report),
+        raising=False,
+    )
+    y_more = y_semi.copy()
+    y_more[1] = y[1]
+    refit, anew = script.refit_default(fit, X, y_more, 7, warm=True)
+    if verdict == "ok":
+        assert not anew and refit is not fit and refit.warm_start
+        assert refit.n_iter_ == 3 and not fit.warm_start
+        assert not new_fits
+    else:
+        assert anew and refit == "new" and new_fits == [7]
+    # Without warm, always a new fit.
+    assert script.refit_default(fit, X, y_more, 7, warm=False) == ("new", True)
+
+
+def test_label_suggestions_refuses_to_mix_refits_in_one_file(bench, tmp_path):
+    script = bench("bench_label_suggestions")
+    path = tmp_path / "ls.json"
+    run = {"dataset": "wine", "labels": 5, "draw": 0, "accuracy": 0.9, "refits": {}}
+    path.write_text(json.dumps({"runs": {"wine/0": run}, "meta": {"commands": []}}))
+    with pytest.raises(SystemExit):
+        script.main(["--warm-start", "--only", "wine", f"--json={path}"])
 
 
 def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
