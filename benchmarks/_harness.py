@@ -154,6 +154,12 @@ def extended_meta(meta, device, command):
     return {**environment(device), "commands": commands, **notes}
 
 
+#: The refit of the user guide's label loop, as the tables name it: the fit
+#: continued with the new labels, or a new fit where the continued fit's
+#: report is suspect.
+LOOP_REFIT = "warm start; a new fit if suspect"
+
+
 def save_results(path, results, script, argv, device):
     """Write ``results`` to ``path``, their ``meta`` extended by this run of
     ``benchmarks/<script>`` with ``argv`` (``sys.argv``'s when None)."""

@@ -31,6 +31,7 @@ table, for the sets measured).
 
 import argparse
 import concurrent.futures
+import copy
 import functools
 import multiprocessing
 import sys
@@ -67,17 +68,11 @@ def fit_default(X, y_semi, draw):
         return clf.fit(X, y_semi)
 
 
-#: The refit of ``--warm-start``, as the tables name it.
-WARM_REFIT = "warm start; a new fit if suspect"
-
-
 def refit_default(clf, X, y_more, draw, warm):
     """A new fit with ``y_more``, or with ``warm`` the user guide's loop: the
     fit ``clf`` continued on a copy, or a new fit where the continued one's
     report is suspect. Returns the refit and whether it is a new fit."""
     if warm:
-        import copy
-
         more = copy.deepcopy(clf).set_params(warm_start=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "fit_report_ finds this fit suspect")
@@ -259,7 +254,7 @@ def strategies_table(results):
     )
     refit = results["meta"].get("refit")
     how = ""
-    if refit == WARM_REFIT:
+    if refit == h.LOOP_REFIT:
         refits = [f for r in results["runs"].values() for f in r["refits"].values()]
         anew = sum(f.get("new_fit", False) for f in refits)
         how = (
@@ -348,9 +343,11 @@ def main(argv=None):
         help="refit as the user guide's loop does: continue the first fit",
     )
     args = parser.parse_args(argv)
+    if args.warm_start and args.seed_noise:
+        parser.error("--seed-noise fits without refits: it takes no --warm-start")
     results = h.runs_file(parser, args.json, args.render_only)
     held = results.get("meta", {}).get("refit", "new fit") if results["runs"] else None
-    asked = WARM_REFIT if args.warm_start else "new fit"
+    asked = h.LOOP_REFIT if args.warm_start else "new fit"
     if not args.render_only and not args.seed_noise and held not in (None, asked):
         parser.error(
             f"{args.json} holds refits of another kind ({held}); pass another "
@@ -385,7 +382,7 @@ def _measure(args, results, command):
     section["meta"] = meta
     work = run_seed_noise
     if not args.seed_noise:
-        meta["refit"] = WARM_REFIT if args.warm_start else "new fit"
+        meta["refit"] = h.LOOP_REFIT if args.warm_start else "new fit"
         work = functools.partial(run_draw, warm=args.warm_start)
     with _pool(args.jobs) as pool:
         for run in pool.map(work, jobs):

@@ -238,7 +238,9 @@ WARM_NOTE = (
 RECOMMENDED_NOTE = (
     'Rows "..., a new fit if suspect": the loop the user guide recommends, '
     'the warm start or, where its verdict is "suspect", the new fit of the '
-    "same labels (how many draws took the new fit, in brackets). "
+    "same labels (how many draws took the new fit, in parentheses), over "
+    "the draws whose warm start has a verdict (runs made before the script "
+    "recorded it have none). "
 )
 #: Thresholds of class_share_ratio shown beside the verdict's own.
 RATIO_THRESHOLDS = (1.125, 1.15)
@@ -408,7 +410,7 @@ def score_rows(runs, failing_above, held_out_from=HELD_OUT_FROM):
 
 #: The refit the user guide recommends: the warm start, or a new fit when
 #: the warm start's report is suspect (:func:`recommended_refit`).
-RECOMMENDED = "{}, warm start; a new fit if suspect"
+RECOMMENDED = "{}, " + h.LOOP_REFIT
 
 
 def recommended_refit(refits, strategy):
@@ -572,20 +574,48 @@ def _refit_table(runs):
     )
 
 
-def pool(paths, out, argv):
+def _pool_main(parser, args):
+    if not args.json:
+        parser.error("--pool needs --json, the file of the pooled table")
+    out = h.Path(args.json)
+    if any(h.Path(p).resolve() == out.resolve() for p in args.pool):
+        parser.error(f"--json {args.json} is one of the pooled files; name another")
+    if out.exists() and "runs" in h.read_results(out):
+        parser.error(f"--json {args.json} holds runs; --pool would replace them")
+    return pool(args.pool, out)
+
+
+def _results_problem(data):
+    """What keeps ``data`` from being a results file of this script."""
+    runs = data.get("runs")
+    if not isinstance(runs, dict) or not all(
+        isinstance(r, dict) and {"recipe", "refits"} <= set(r) for r in runs.values()
+    ):
+        return "it holds no runs of bench_trust.py"
+    return None
+
+
+def pool(paths, out):
     """Pool the refits of the results files ``paths`` into one table, written
     beside ``out`` (``.rst``); ``out`` keeps the table's rows and each file's
     meta (its machines and commands)."""
-    sources = {h.shown_path(p): h.read_results(p) for p in paths}
+    sources = {h.shown_path(p): h.read_results(p, _results_problem) for p in paths}
     refitted = [
         run
         for results in sources.values()
-        for run in results.get("runs", {}).values()
-        if run.get("refits")
+        for run in results["runs"].values()
+        if run["refits"]
     ]
     if not refitted:
         raise SystemExit(f"error: no file of {list(sources)} holds a refitted draw.")
-    command = " ".join(["python benchmarks/bench_trust.py", *argv])
+    command = " ".join(
+        [
+            "python benchmarks/bench_trust.py --pool",
+            *sources,
+            "--json",
+            h.shown_path(out),
+        ]
+    )
     meta = {name: results.get("meta", {}) for name, results in sources.items()}
     rows = suggestion_rows(refitted)
     h.write_json(out, {"meta": {"commands": [command], "sources": meta}, "rows": rows})
@@ -602,7 +632,7 @@ def pool(paths, out, argv):
     )
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument(
@@ -641,30 +671,40 @@ def main(argv=None):
         metavar="FILE",
         help="pool the refits of these results files into --json's table; fits nothing",
     )
+    return parser
+
+
+def _measure(args, results, path, argv):
+    """Run the draws asked for that ``results`` lacks, and save them."""
+    done = results["runs"]
+    jobs = [(r, d) for r in args.recipes for d in args.draws if f"{r}/{d}" not in done]
+    if not jobs:
+        # Nothing run: the file's machines and commands stay its own.
+        print("Every draw asked for is in the file already.", file=sys.stderr)
+        return
+    import torch
+
+    for run in run_all(args, jobs):
+        done[f"{run['recipe']}/{run['draw']}"] = run
+    device = torch.device("cuda" if args.device == "cuda" else "cpu")
+    h.save_results(path, results, "bench_trust.py", argv, device)
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.pool:
-        if not args.json:
-            parser.error("--pool needs --json, the file of the pooled table")
-        return pool(args.pool, args.json, sys.argv[1:] if argv is None else argv)
+        return _pool_main(parser, args)
     path = h.Path(args.json or h.RESULTS_DIR / f"trust_{args.device}.json")
     results = h.runs_file(parser, path, args.render_only)
-    titles = {"title": args.title, "refit_title": args.refit_title}
-    h.keep_titles(path, results, titles)
+    if "runs" not in results:
+        parser.error(
+            f"{h.shown_path(path)} is a pooled table, not runs: make it again "
+            "with --pool"
+        )
+    h.keep_titles(path, results, {"title": args.title, "refit_title": args.refit_title})
     if not args.render_only:
-        done = results["runs"]
-        jobs = [
-            (r, d) for r in args.recipes for d in args.draws if f"{r}/{d}" not in done
-        ]
-        if jobs:
-            import torch
-
-            for run in run_all(args, jobs):
-                done[f"{run['recipe']}/{run['draw']}"] = run
-            device = torch.device("cuda" if args.device == "cuda" else "cpu")
-            h.save_results(path, results, "bench_trust.py", argv, device)
-        else:
-            # Nothing run: the file's machines and commands stay its own.
-            print("Every draw asked for is in the file already.", file=sys.stderr)
+        _measure(args, results, path, argv)
     h.publish_table(path, render(results, args.failing_above))
 
 

@@ -14,9 +14,9 @@ samples of the regions of the embedding that hold no labeled one (when
 the report is "suspect", the regions of the class it names).
 
 This example runs one round of the loop on scikit-learn's digits (fit,
-read the report, label the 10 suggested samples, continue the fit) and compares
-the suggested labels with 10 labels of random samples, on a few draws of
-the first labels. The digits' true labels stand in for the person who
+read the report, label the 10 suggested samples, continue the fit) and
+compares the suggested labels with 10 labels of random samples, on a few
+draws of the first labels. The digits' true labels stand in for the person who
 would label the samples.
 
 Two parameters are set. ``class_prior="uniform"`` says that the digits'

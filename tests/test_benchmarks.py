@@ -783,28 +783,45 @@ def test_the_recommended_refit_is_the_warm_start_unless_it_is_suspect(bench):
 def test_the_pooled_warm_start_table_is_rendered_from_its_files(bench, tmp_path):
     trust = bench("bench_trust")
     committed = json.loads((RESULTS / "trust_warm_pooled.json").read_text())
-    sources = [str(ROOT / path) for path in list(committed["meta"]["sources"])]
+    sources = [str(ROOT / path) for path in committed["meta"]["sources"]]
     out = tmp_path / "pooled.json"
-    trust.pool(
-        sources,
-        out,
-        [
-            "--pool",
-            *list(committed["meta"]["sources"]),
-            "--json",
-            "benchmarks/results/trust_warm_pooled.json",
-        ],
-    )
+    trust.pool(sources, out)
     assert json.loads(out.read_text())["rows"] == committed["rows"]
-    assert (
-        out.with_suffix(".rst").read_text()
-        == (RESULTS / "trust_warm_pooled.rst").read_text()
+    # The same table, but for the file it is written to.
+    pooled = out.with_suffix(".rst").read_text()
+    committed_table = (RESULTS / "trust_warm_pooled.rst").read_text()
+    assert pooled == committed_table.replace(
+        "benchmarks/results/trust_warm_pooled.json", str(out)
     )
-    # Files without a refitted draw give nothing to pool, and say so.
+
+
+def test_pooling_refuses_what_it_cannot_pool_or_would_overwrite(
+    bench, tmp_path, capsys
+):
+    trust = bench("bench_trust")
+    warm = str(RESULTS / "trust_warm_cuda.json")
+
+    def refused(*argv):
+        with pytest.raises(SystemExit):
+            trust.main(list(argv))
+        return capsys.readouterr().err
+
+    assert "needs --json" in refused("--pool", warm)
+    assert "one of the pooled files" in refused("--pool", warm, "--json", warm)
+    runs = str(RESULTS / "trust_cuda.json")
+    assert "holds runs" in refused("--pool", warm, "--json", runs)
+    # Another script's results, a file without refitted draws.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"runs": {"wine/0": {"dataset": "wine"}}}))
+    with pytest.raises(SystemExit, match="no runs of bench_trust"):
+        trust.pool([str(other)], tmp_path / "out.json")
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"runs": {}}))
     with pytest.raises(SystemExit, match="no file of"):
-        trust.pool([str(empty)], tmp_path / "none.json", [])
+        trust.pool([str(empty)], tmp_path / "none.json")
+    # A pooled table holds no runs to render: it is made again with --pool.
+    pooled = str(RESULTS / "trust_warm_pooled.json")
+    assert "pooled table" in refused("--render-only", "--json", pooled)
 
 
 def test_trust_warm_refit_leaves_the_fit_it_starts_from_as_it_was(bench):
@@ -1095,13 +1112,71 @@ def test_label_suggestions_warm_refit_continues_the_fit_unless_suspect(
     assert script.refit_default(fit, X, y_more, 7, warm=False) == ("new", True)
 
 
-def test_label_suggestions_refuses_to_mix_refits_in_one_file(bench, tmp_path):
+def test_label_suggestions_warm_start_runs_record_their_refit(
+    bench, tmp_path, monkeypatch
+):
+    script = bench("bench_label_suggestions")
+
+    class InProcess:  # the pool, without processes (the fakes below stay)
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, work, jobs):
+            return map(work, jobs)
+
+    fitted = argparse.Namespace(
+        score=lambda X, y: 0.9, fit_report_=argparse.Namespace(verdict="ok")
+    )
+    asked = []
+
+    def refit_default(clf, X, y_more, draw, warm):
+        asked.append(warm)
+        return fitted, draw == 1
+
+    y = np.array([0, 1, 0, 1])
+    monkeypatch.setattr(script, "_pool", lambda jobs: InProcess())
+    monkeypatch.setattr(script, "_first_level", lambda name: 5)
+    monkeypatch.setattr(
+        script,
+        "_draw_data",
+        lambda n, d: (None, None, y, y, np.array([0, 1, -1, -1]), 5),
+    )
+    monkeypatch.setattr(script, "fit_default", lambda X, y_semi, draw: fitted)
+    monkeypatch.setattr(script, "pick", lambda s, clf, X, y_semi, n, draw: [2, 3])
+    monkeypatch.setattr(script, "refit_default", refit_default)
+    path = tmp_path / "ls.json"
+    script.main(["--warm-start", "--draws=2", "--only", "wine", f"--json={path}"])
+    results = json.loads(path.read_text())
+    assert asked == [True] * 4
+    assert results["meta"]["refit"] == script.h.LOOP_REFIT
+    assert [r["refits"]["random"]["new_fit"] for r in results["runs"].values()] == [
+        False,
+        True,
+    ]
+    assert "2 of 4 refits did" in path.with_suffix(".rst").read_text()
+
+
+@pytest.mark.parametrize(
+    "held, argv", [(None, ["--warm-start"]), ("warm start; a new fit if suspect", [])]
+)
+def test_label_suggestions_refuses_to_mix_refits_in_one_file(
+    bench, tmp_path, capsys, held, argv
+):
+    """A file without a refit kind holds new fits (made before the kinds)."""
     script = bench("bench_label_suggestions")
     path = tmp_path / "ls.json"
     run = {"dataset": "wine", "labels": 5, "draw": 0, "accuracy": 0.9, "refits": {}}
-    path.write_text(json.dumps({"runs": {"wine/0": run}, "meta": {"commands": []}}))
+    meta = {"commands": []} if held is None else {"commands": [], "refit": held}
+    path.write_text(json.dumps({"runs": {"wine/0": run}, "meta": meta}))
     with pytest.raises(SystemExit):
-        script.main(["--warm-start", "--only", "wine", f"--json={path}"])
+        script.main([*argv, "--only", "wine", f"--json={path}"])
+    assert "holds refits of another kind" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--warm-start", "--seed-noise", f"--json={path}"])
+    assert "takes no --warm-start" in capsys.readouterr().err
 
 
 def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
