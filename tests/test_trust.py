@@ -793,4 +793,44 @@ def test_perfect_fits_of_many_classes_seldom_look_suspect():
         for n in flagged:
             flagged[n] += is_suspect(scores, n)
     # A threshold read for 10 classes flags many; the fit's own, few.
-    assert flagged[None] > 30 and flagged[n_classes] < 15
+    assert flagged[None] >= 10 and flagged[n_classes] <= 4
+
+
+def test_perfect_fits_of_few_samples_a_class_seldom_look_suspect():
+    """Twenty classes, five unlabeled samples each expected: the counts are
+    skewed, and the excess over its normal standard error would flag about
+    one perfect fit in ten; the binomial tail keeps it near the intended
+    rate (ten classes' chance of 3 standard errors, about 1.3 %)."""
+    rng = np.random.default_rng(0)
+    n_classes, n = 20, 100
+    expected = np.full(n_classes, 1 / n_classes)
+    flagged = 0
+    for _ in range(500):
+        predicted = rng.integers(0, n_classes, n)
+        shares, worst, excess, z = class_share_scores(
+            np.eye(n_classes)[predicted], expected
+        )
+        normal_z = excess / math.sqrt(expected[worst] * (1 - expected[worst]) / n)
+        assert z <= normal_z + 1e-9  # the heavier tail: never a larger score
+        scores = {"class_share_ratio": shares[worst] * n_classes, "class_share_z": z}
+        flagged += is_suspect(scores, n_classes)
+    assert flagged <= 15  # 3 %; the normal approximation flags about 45
+
+
+def test_label_noise_widens_the_excess_error():
+    from skassoc._diagnosis import _excess_z
+
+    exact = _excess_z(150, 1_000, 0.1)
+    assert exact == pytest.approx(scipy_z(150, 1_000, 0.1))
+    # Labels as many as the unlabeled samples: the error grows by sqrt(2).
+    assert _excess_z(150, 1_000, 0.1, expected_from=1_000) == pytest.approx(
+        exact / math.sqrt(2)
+    )
+    # No excess: the plain standard score, whatever the tail.
+    assert _excess_z(90, 1_000, 0.1) == pytest.approx(-10 / math.sqrt(90))
+
+
+def scipy_z(count, n, share):
+    from scipy.stats import binom, norm
+
+    return norm.isf(binom.sf(count - 1, n, share))
