@@ -103,8 +103,9 @@ REPORT_SCORES = {
     ),
     "class_share_ratio": "that class's predicted share over its expected share",
     "class_share_z": (
-        "that class's excess in standard errors of its share (the normal "
-        "quantile of its count's binomial tail)"
+        "that class's excess in standard errors (against given shares, the "
+        "normal quantile of its count's binomial tail; against the shares of "
+        "random labels, the two-proportion test's score)"
     ),
     "low_visit_share": (
         "share of the unlabeled samples that the walks from the labeled ones "
@@ -322,20 +323,25 @@ def _excess_z(count, n, share, expected_from=None):
     """A class's excess of ``count`` predictions among ``n`` over its expected
     ``share``, in standard errors.
 
-    The normal quantile of the count's binomial upper tail rather than the
-    excess over its standard deviation: the count of a class expected a few
-    times is skewed, its upper tail heavier than the normal one, and the
-    normal approximation then flags perfect fits of many small classes
-    several times more often than the verdict's threshold intends. With
-    ``expected_from`` labels behind ``share``, their sampling noise widens
-    the error as a normal one would.
+    Given shares are exact: the score is the normal quantile of the count's
+    binomial upper tail, since the count of a class expected a few times is
+    skewed, its upper tail heavier than the normal one (the excess over its
+    normal standard error flags perfect fits of many small classes several
+    times more often than the verdict's threshold intends). Shares of
+    ``expected_from`` labels drawn at random are measured too: the score is
+    the two-proportion test's, whose variance is that of the pooled share.
+    The labels' own share would be biased low, since the class that most
+    exceeds it is likely one its labels under-count.
     """
-    variance = max(share * (1 - share), 1e-12)
-    z = (count / n - share) / math.sqrt(variance / n)
-    if count > n * share and 0 < share < 1:
-        z = float(scipy.stats.norm.isf(scipy.stats.binom.sf(count - 1, n, share)))
     if expected_from:
-        z *= math.sqrt((1 / n) / (1 / n + 1 / expected_from))
+        pooled = (count + share * expected_from) / (n + expected_from)
+        variance = max(pooled * (1 - pooled), 1e-12) * (1 / n + 1 / expected_from)
+        return float((count / n - share) / math.sqrt(variance))
+    z = (count / n - share) / math.sqrt(max(share * (1 - share), 1e-12) / n)
+    if count > n * share and 0 < share < 1:
+        tail = scipy.stats.binom.sf(count - 1, n, share)
+        if tail > 0:  # smaller than a float: z is far above any threshold
+            z = scipy.stats.norm.isf(tail)
     return float(z)
 
 

@@ -817,17 +817,34 @@ def test_perfect_fits_of_few_samples_a_class_seldom_look_suspect():
     assert flagged <= 15  # 3 %; the normal approximation flags about 45
 
 
-def test_label_noise_widens_the_excess_error():
+def test_shares_of_random_labels_are_tested_as_two_measured_proportions():
     from skassoc._diagnosis import _excess_z
 
-    exact = _excess_z(150, 1_000, 0.1)
-    assert exact == pytest.approx(scipy_z(150, 1_000, 0.1))
-    # Labels as many as the unlabeled samples: the error grows by sqrt(2).
-    assert _excess_z(150, 1_000, 0.1, expected_from=1_000) == pytest.approx(
-        exact / math.sqrt(2)
-    )
-    # No excess: the plain standard score, whatever the tail.
+    # Given shares: the binomial tail; no excess: the plain standard score.
+    assert _excess_z(150, 1_000, 0.1) == pytest.approx(scipy_z(150, 1_000, 0.1))
     assert _excess_z(90, 1_000, 0.1) == pytest.approx(-10 / math.sqrt(90))
+    # Shares of 1,000 labels: the pooled share's variance, 250 of 2,000.
+    pooled = 250 / 2_000
+    error = math.sqrt(pooled * (1 - pooled) * (1 / 1_000 + 1 / 1_000))
+    assert _excess_z(150, 1_000, 0.1, expected_from=1_000) == pytest.approx(
+        0.05 / error
+    )
+
+
+def test_perfect_fits_seldom_look_suspect_against_the_shares_of_random_labels():
+    """50 labels drawn at random among 10 equally frequent classes: the
+    class that most exceeds its labels' share is mostly one the labels
+    under-count, whose own share's variance would be too small (about a
+    quarter of these perfect fits looked suspect so)."""
+    rng = np.random.default_rng(0)
+    flagged = 0
+    for _ in range(300):
+        labels = rng.multinomial(50, np.full(10, 0.1)) / 50
+        predicted = rng.integers(0, 10, 500)
+        shares, worst, _, z = class_share_scores(np.eye(10)[predicted], labels, 50)
+        ratio = shares[worst] / labels[worst] if labels[worst] else math.inf
+        flagged += is_suspect({"class_share_ratio": ratio, "class_share_z": z}, 10)
+    assert flagged <= 6
 
 
 def scipy_z(count, n, share):
