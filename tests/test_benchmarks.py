@@ -64,6 +64,7 @@ def bench(monkeypatch):
             ]
         ],
         ("bench_sparse_memory", [], "sparse_memory_cpu"),
+        ("bench_verdict_noise", [], "verdict_noise_cpu"),
         ("bench_label_suggestions", [], "label_suggestions_cpu"),
         (
             "bench_label_suggestions",
@@ -502,6 +503,29 @@ def test_bench_defaults_hides_only_the_labeled_baselines_warning(bench, monkeypa
         warnings.simplefilter("always")
         script.fit_method("skassoc-labeled", X, y_semi, "cpu", 0, None, y_semi)
     assert [str(w.message) for w in caught] == ["something else went wrong"]
+
+
+def test_bench_verdict_noise_counts_each_rows_flagged_fits(
+    bench, tmp_path, monkeypatch, capsys
+):
+    script = bench("bench_verdict_noise")
+    # The small rows only; one with random labels.
+    monkeypatch.setattr(script, "CASES", ((10, 100, None), (10, 500, 50)))
+    out = tmp_path / "noise.json"
+    script.main(["--trials", "40", f"--json={out}"])
+    results = json.loads(out.read_text())
+    assert [(r["classes"], r["labels"]) for r in results["rows"]] == [
+        (10, None),
+        (10, 50),
+    ]
+    assert all(
+        0 <= r[key] <= 40 for r in results["rows"] for key in ("verdict", "normal")
+    )
+    # The random labels' under-counted classes trip the normal score often.
+    assert results["rows"][1]["normal"] > results["rows"][1]["verdict"]
+    table = out.with_suffix(".rst").read_text()
+    assert "50 random labels" in table and "--trials 40" in table
+    capsys.readouterr()
 
 
 def test_bench_speed_smoke(bench, tmp_path, capsys, torch_single_thread, monkeypatch):
