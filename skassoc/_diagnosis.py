@@ -341,7 +341,9 @@ def _excess_z(count, n, share, expected_from=None):
     if count > n * share and 0 < share < 1:
         tail = scipy.stats.binom.sf(count - 1, n, share)
         if tail > 0:  # smaller than a float: z is far above any threshold
-            z = scipy.stats.norm.isf(tail)
+            # A tail that holds the count itself can pass one half for the
+            # smallest excess: an excess never scores below 0.
+            z = max(scipy.stats.norm.isf(tail), 0.0)
     return float(z)
 
 

@@ -518,9 +518,8 @@ def test_bench_verdict_noise_counts_each_rows_flagged_fits(
         (10, None),
         (10, 50),
     ]
-    assert all(
-        0 <= r[key] <= 40 for r in results["rows"] for key in ("verdict", "normal")
-    )
+    keys = ("verdict", "normal", "failed_verdict", "failed_normal")
+    assert all(0 <= r[key] <= 40 for r in results["rows"] for key in keys)
     # The random labels' under-counted classes trip the normal score often.
     assert results["rows"][1]["normal"] > results["rows"][1]["verdict"]
     table = out.with_suffix(".rst").read_text()

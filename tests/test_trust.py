@@ -818,17 +818,44 @@ def test_perfect_fits_of_few_samples_a_class_seldom_look_suspect():
 
 
 def test_shares_of_random_labels_are_tested_as_two_measured_proportions():
+    from scipy.stats import binom, norm
+
     from skassoc._diagnosis import _excess_z
 
-    # Given shares: the binomial tail; no excess: the plain standard score.
-    assert _excess_z(150, 1_000, 0.1) == pytest.approx(scipy_z(150, 1_000, 0.1))
+    # Given shares: the binomial tail P(count >= 150), summed here term by
+    # term; no excess: the plain standard score.
+    tail = sum(binom.pmf(c, 1_000, 0.1) for c in range(150, 1_001))
+    assert _excess_z(150, 1_000, 0.1) == pytest.approx(norm.isf(tail))
     assert _excess_z(90, 1_000, 0.1) == pytest.approx(-10 / math.sqrt(90))
+    # A tail below the smallest float: the normal score, far above 3.
+    assert 3 < _excess_z(10**6, 10**7, 0.01) < math.inf
+    # The smallest excess never scores below 0, and more never scores less.
+    assert _excess_z(3, 3, 0.999) == 0.0
+    scores = [_excess_z(c, 500, 0.1) for c in range(50, 120)]
+    assert scores == sorted(scores)
     # Shares of 1,000 labels: the pooled share's variance, 250 of 2,000.
     pooled = 250 / 2_000
     error = math.sqrt(pooled * (1 - pooled) * (1 / 1_000 + 1 / 1_000))
     assert _excess_z(150, 1_000, 0.1, expected_from=1_000) == pytest.approx(
         0.05 / error
     )
+
+
+def test_a_style_handed_over_among_many_samples_is_flagged():
+    """10 equally frequent classes, 5,000 unlabeled samples: a fifth of one
+    class predicted as another (2 % of the samples) is flagged most of the
+    time against given shares."""
+    rng = np.random.default_rng(0)
+    flagged = 0
+    for _ in range(200):
+        predicted = rng.integers(0, 10, 5_000)
+        predicted[(predicted == 0) & (rng.random(5_000) < 0.2)] = 1
+        shares, worst, _, z = class_share_scores(
+            np.eye(10)[predicted], np.full(10, 0.1)
+        )
+        scores = {"class_share_ratio": shares[worst] / 0.1, "class_share_z": z}
+        flagged += is_suspect(scores, 10)
+    assert flagged >= 170
 
 
 def test_perfect_fits_seldom_look_suspect_against_the_shares_of_random_labels():
@@ -845,9 +872,3 @@ def test_perfect_fits_seldom_look_suspect_against_the_shares_of_random_labels():
         ratio = shares[worst] / labels[worst] if labels[worst] else math.inf
         flagged += is_suspect({"class_share_ratio": ratio, "class_share_z": z}, 10)
     assert flagged <= 6
-
-
-def scipy_z(count, n, share):
-    from scipy.stats import binom, norm
-
-    return norm.isf(binom.sf(count - 1, n, share))
