@@ -23,7 +23,6 @@ pass of the trained network.
 """
 
 import math
-import statistics
 import warnings
 from dataclasses import dataclass, field
 
@@ -589,10 +588,9 @@ def share_excess_z(n_classes=None):
     """
     if n_classes is None or n_classes <= SHARE_Z_CLASSES:
         return SHARE_EXCESS_Z
-    normal = statistics.NormalDist()
-    # The lower tail, mirrored: exact where 1 - tail would round.
-    tail = SHARE_Z_CLASSES * normal.cdf(-SHARE_EXCESS_Z) / n_classes
-    return -normal.inv_cdf(tail)
+    # Upper tails straight (norm.sf, norm.isf): no 1 - p to round.
+    tail = SHARE_Z_CLASSES * scipy.stats.norm.sf(SHARE_EXCESS_Z) / n_classes
+    return float(scipy.stats.norm.isf(tail))
 
 
 def _frequent_class(scores):

@@ -1135,20 +1135,24 @@ def test_label_suggestions_warm_refit_continues_the_fit_unless_suspect(
     assert script.refit_default(fit, X, y_more, 7, warm=False) == ("new", True)
 
 
+class InProcessPool:
+    """bench_label_suggestions' process pool, without processes: the fakes a
+    test monkeypatches into the module stay in effect."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, work, jobs):
+        return map(work, jobs)
+
+
 def test_label_suggestions_warm_start_runs_record_their_refit(
     bench, tmp_path, monkeypatch
 ):
     script = bench("bench_label_suggestions")
-
-    class InProcess:  # the pool, without processes (the fakes below stay)
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def map(self, work, jobs):
-            return map(work, jobs)
 
     fitted = argparse.Namespace(
         score=lambda X, y: 0.9, fit_report_=argparse.Namespace(verdict="ok")
@@ -1160,7 +1164,7 @@ def test_label_suggestions_warm_start_runs_record_their_refit(
         return fitted, draw == 1
 
     y = np.array([0, 1, 0, 1])
-    monkeypatch.setattr(script, "_pool", lambda jobs: InProcess())
+    monkeypatch.setattr(script, "_pool", lambda jobs: InProcessPool())
     monkeypatch.setattr(script, "_first_level", lambda name: 5)
     monkeypatch.setattr(
         script,
@@ -1207,16 +1211,6 @@ def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
 ):
     script = bench("bench_label_suggestions")
 
-    class InProcess:  # the pool, without processes (the fakes below stay)
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def map(self, work, jobs):
-            return map(work, jobs)
-
     fits = []
 
     class Fitted:
@@ -1242,7 +1236,7 @@ def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
     meta = {"device": "the strategies' machine", "commands": ["first", "first"]}
     path = tmp_path / "label_suggestions_cpu.json"
     path.write_text(json.dumps({"runs": {"wine/0": run}, "meta": meta}))
-    monkeypatch.setattr(script, "_pool", lambda jobs: InProcess())
+    monkeypatch.setattr(script, "_pool", lambda jobs: InProcessPool())
     monkeypatch.setattr(script, "fit_default", fit_default)
     monkeypatch.setattr(script, "_draw_data", draw_data)
     monkeypatch.setattr(script, "_first_level", lambda name: 5)

@@ -761,6 +761,8 @@ def test_the_share_threshold_rises_with_the_classes_as_their_noise_does():
     assert share_excess_z() == share_excess_z(2) == share_excess_z(10) == 3.0
     thresholds = [share_excess_z(k) for k in (11, 20, 100, 1000)]
     assert thresholds == sorted(thresholds) and thresholds[0] > 3.0
+    # The figures the user guide gives.
+    assert (round(share_excess_z(20), 1), round(share_excess_z(100), 1)) == (3.2, 3.6)
     # As likely that noise passes it somewhere among 100 classes as among 10.
     tail = 1 - NormalDist().cdf(share_excess_z(100))
     assert math.isclose(
