@@ -847,13 +847,20 @@ def test_pooling_refuses_what_it_cannot_pool_or_would_overwrite(
     assert "pooled table" in refused("--render-only", "--json", pooled)
 
 
-def test_trust_warm_refit_leaves_the_fit_it_starts_from_as_it_was(bench):
-    trust = bench("bench_trust")
+def _tiny_two_class_fit():
+    """A 3-step fit of 60 random rows, 6 of them labeled: the fit, its
+    parameters, X, the true labels and the training labels."""
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(60, 5)).astype(np.float32), np.repeat([0, 1], 30)
     y_semi = np.where(np.arange(60) % 10 == 0, y, -1)
     params = {**TINY, "max_iter": 3, "device": "cpu", "random_state": 0}
     fit = SemiSupervisedAssociationClassifier(**params).fit(X, y_semi)
+    return fit, params, X, y, y_semi
+
+
+def test_trust_warm_refit_leaves_the_fit_it_starts_from_as_it_was(bench):
+    trust = bench("bench_trust")
+    fit, params, X, y, y_semi = _tiny_two_class_fit()
     before = [p.detach().clone() for p in fit.model_.parameters()]
     y_more = y_semi.copy()
     y_more[1] = y[1]
@@ -1106,11 +1113,7 @@ def test_label_suggestions_warm_refit_continues_the_fit_unless_suspect(
     labels (the fit itself untouched), a new fit where that copy's report
     is suspect."""
     script = bench("bench_label_suggestions")
-    rng = np.random.default_rng(0)
-    X, y = rng.normal(size=(60, 5)).astype(np.float32), np.repeat([0, 1], 30)
-    y_semi = np.where(np.arange(60) % 10 == 0, y, -1)
-    params = {**TINY, "max_iter": 3, "device": "cpu", "random_state": 0}
-    fit = SemiSupervisedAssociationClassifier(**params).fit(X, y_semi)
+    fit, params, X, y, y_semi = _tiny_two_class_fit()
     new_fits = []
     monkeypatch.setattr(
         script, "fit_default", lambda X, y_more, draw: new_fits.append(draw) or "new"
