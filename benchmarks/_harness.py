@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -164,7 +165,8 @@ def save_results(path, results, script, argv, device):
     """Write ``results`` to ``path``, their ``meta`` extended by this run of
     ``benchmarks/<script>`` with ``argv`` (``sys.argv``'s when None)."""
     argv = sys.argv[1:] if argv is None else argv
-    command = " ".join([f"python benchmarks/{script}", *argv])
+    # Quoted as a shell reads it: an argument with spaces stays one.
+    command = shlex.join(["python", f"benchmarks/{script}", *argv])
     results["meta"] = extended_meta(results.get("meta", {}), device, command)
     write_json(path, results)
 

@@ -1339,3 +1339,111 @@ def test_titles_are_written_at_once_whatever_runs_after(bench, tmp_path):
         "runs": {"a/0": {}},
         "meta": {"commands": ["c"], "title": "T"},
     }
+
+
+def test_trust_prior_table_reproduces_the_committed_one(bench):
+    script = bench("bench_trust_prior")
+    committed = json.loads((RESULTS / "trust_prior_cuda.json").read_text())
+    assert script.render(committed) == (RESULTS / "trust_prior_cuda.rst").read_text()
+
+
+def test_trust_prior_cut_moves_the_blamed_class_surplus_to_the_others(bench):
+    script = bench("bench_trust_prior")
+    report = FitReport(
+        "suspect",
+        predicted_shares={0: 0.5, 1: 0.3, 2: 0.2},
+        expected_shares={0: 0.4, 1: 0.3, 2: 0.3},
+    )
+    prior = script.cut_prior(report)
+    # Class 0 exceeds its share by 0.1: cut to 0.4, the 0.1 shared 3 : 2.
+    np.testing.assert_allclose(prior, [0.4, 0.36, 0.24])
+
+
+def _prior_run(draw, error, verdict, refits=None):
+    return {
+        "draw": draw,
+        "test_error_percent": error,
+        "verdict": verdict,
+        "refits": refits or {},
+    }
+
+
+def test_trust_prior_recipe_rows_take_the_refit_of_each_suspect_draw(bench):
+    script = bench("bench_trust_prior")
+    plan = "labels x2, new"
+    mended = {plan: {"test_error_percent": 0.9, "verdict": "ok"}}
+    runs = {f"{d}/{plan}": _prior_run(d, 0.8, "ok") for d in range(180, 200)}
+    runs[f"185/{plan}"] = _prior_run(185, 2.1, "suspect", mended)
+    runs[f"200/{plan}"] = _prior_run(200, 1.3, "ok")  # a second block
+    # A run of the suspect draws alone is no row of the recipe.
+    for draw in (181, 187):
+        runs[f"{draw}/labels x4, new"] = _prior_run(draw, 2.0, "suspect", {})
+    rows = script.recipe_rows({"runs": runs, "meta": {"commands": ["c"]}})
+    assert [row[:3] for row in rows] == [
+        [plan, "180-199", "1 / 1"],
+        [plan, "200", "0 / 0"],
+        [plan, "180-200", "1 / 1"],
+    ]
+    # The draw's refit (0.9) replaced its failed fit (2.1): worst 0.9.
+    assert rows[0][3:] == ["0.80", "0.90", "0 / 20"]
+    assert rows[2][3:] == ["0.80", "1.30", "1 / 21"]
+
+
+def test_trust_prior_refits_suspect_fits_only_with_each_plans_settings(
+    bench, monkeypatch
+):
+    script = bench("bench_trust_prior")
+    made = []
+
+    class Fake:
+        def __init__(self, **params):
+            self.params = params
+            made.append(params)
+
+        def fit(self, X, y):
+            self.classes_ = np.arange(3)
+            suspect = self.params.get("balance_weight", 0) == 0
+            shares = {0: 0.5, 1: 0.3, 2: 0.2}
+            self.fit_report_ = FitReport(
+                "suspect" if suspect else "ok",
+                predicted_shares=shares,
+                expected_shares=dict.fromkeys(range(3), 1 / 3),
+            )
+            return self
+
+        def predict(self, X):
+            return np.zeros(len(X), int)
+
+    monkeypatch.setattr("skassoc.SemiSupervisedAssociationClassifier", Fake)
+    y = np.repeat(np.arange(3), 12)
+    data = (np.zeros((36, 4)), y), (np.zeros((3, 4)), np.array([0, 1, 2]))
+    args = argparse.Namespace(
+        max_iter=None, refit_all=False, plans=["labels x2, new", "truth, new"]
+    )
+    run = script.run_draw(4, data, "cpu", args)
+    assert run["verdict"] == "suspect" and sorted(run["refits"]) == args.plans
+    assert [p.get("balance_weight") for p in made] == [None, 10.0, 5.0]
+    assert made[1]["class_prior"] == "uniform"
+    np.testing.assert_allclose(made[2]["class_prior"], [1 / 3] * 3)
+    assert {p["random_state"] for p in made} == {4}
+    made.clear()
+    monkeypatch.setattr(Fake, "fit", lambda self, X, y: _ok_fit(self))
+    assert script.run_draw(4, data, "cpu", args)["refits"] == {}
+    assert len(made) == 1  # an "ok" fit is not refitted
+
+
+def _ok_fit(clf):
+    clf.classes_ = np.arange(3)
+    clf.fit_report_ = FitReport("ok", predicted_shares=dict.fromkeys(range(3), 1 / 3))
+    return clf
+
+
+def test_results_record_each_argument_as_a_shell_reads_it(bench, tmp_path):
+    h = bench("_harness")
+    results = {"runs": {}}
+    argv = ["--plans", "labels x2, new", "--draws", "2,3"]
+    cpu = torch.device("cpu")
+    h.save_results(tmp_path / "r.json", results, "bench_x.py", argv, cpu)
+    command = results["meta"]["commands"][-1]
+    assert shlex.split(command)[2:] == argv
+    assert command.endswith("bench_x.py --plans 'labels x2, new' --draws 2,3")
