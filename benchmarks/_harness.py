@@ -161,12 +161,18 @@ def extended_meta(meta, device, command):
 LOOP_REFIT = "warm start; a new fit if suspect"
 
 
+def command_line(script, argv, python=False):
+    """The command that ran ``script`` with ``argv``, quoted as a shell
+    reads it (an argument with spaces stays one), after ``python`` with
+    ``python``."""
+    return shlex.join([*(["python"] if python else []), str(script), *argv])
+
+
 def save_results(path, results, script, argv, device):
     """Write ``results`` to ``path``, their ``meta`` extended by this run of
     ``benchmarks/<script>`` with ``argv`` (``sys.argv``'s when None)."""
     argv = sys.argv[1:] if argv is None else argv
-    # Quoted as a shell reads it: an argument with spaces stays one.
-    command = shlex.join(["python", f"benchmarks/{script}", *argv])
+    command = command_line(f"benchmarks/{script}", argv, python=True)
     results["meta"] = extended_meta(results.get("meta", {}), device, command)
     write_json(path, results)
 
@@ -543,7 +549,7 @@ def main(cases, args, fit, render, load_data, common=None):
         index, count = args.shard
         jobs = jobs[index::count]
     results["meta"].update(environment(device))
-    results["meta"]["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    results["meta"]["command"] = command_line(Path(sys.argv[0]).name, sys.argv[1:])
     results["rows"] = merge_rows(results["rows"], rows, prefer_new=True)
     runs = results["runs"]
     finished = {r.get("signature"): r for r in runs.values() if r.get("status") == "ok"}

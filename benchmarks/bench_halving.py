@@ -150,7 +150,7 @@ def measure(args):
     SemiSupervisedAssociationClassifier(**warm_up).fit(*data)
     result = {
         "environment": h.environment(device),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": h.command_line(Path(sys.argv[0]).name, sys.argv[1:]),
         "data": "digits",
         "n_samples": int(len(data[1])),
         "n_labeled": int((data[1] != -1).sum()),

@@ -43,7 +43,7 @@ import bench_defaults as suite
 import numpy as np
 
 STRATEGIES = ("association", "random")
-COMMAND = "python benchmarks/bench_label_suggestions.py"
+SCRIPT = "benchmarks/bench_label_suggestions.py"
 #: The first table's title, unless the results' meta gives its own.
 TITLE = "As many more labels as classes: suggested or random?"
 #: The seed of ``--seed-noise``'s second fit of draw ``d``: ``d`` plus this.
@@ -356,7 +356,7 @@ def main(argv=None):
     h.keep_titles(args.json, results, {"title": args.title})
     if not args.render_only:
         given = sys.argv[1:] if argv is None else argv
-        _measure(args, results, " ".join([COMMAND, *given]))
+        _measure(args, results, h.command_line(SCRIPT, given, python=True))
     table = render(results)
     h.write_text(args.table or h.Path(args.json).with_suffix(".rst"), table)
     print(table)

@@ -608,14 +608,8 @@ def pool(paths, out):
     ]
     if not refitted:
         raise SystemExit(f"error: no file of {list(sources)} holds a refitted draw.")
-    command = " ".join(
-        [
-            "python benchmarks/bench_trust.py --pool",
-            *sources,
-            "--json",
-            h.shown_path(out),
-        ]
-    )
+    argv = ["--pool", *sources, "--json", h.shown_path(out)]
+    command = h.command_line("benchmarks/bench_trust.py", argv, python=True)
     meta = {name: results.get("meta", {}) for name, results in sources.items()}
     rows = suggestion_rows(refitted)
     h.write_json(out, {"meta": {"commands": [command], "sources": meta}, "rows": rows})

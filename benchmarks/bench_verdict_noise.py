@@ -112,7 +112,9 @@ def measure(args):
         flagged = simulate(k, n, m, args.trials, rng)
         rows.append({"classes": k, "unlabeled": n, "labels": m, **flagged})
         print(rows[-1], flush=True)
-    command = " ".join(["python benchmarks/bench_verdict_noise.py", *args.argv])
+    command = h.command_line(
+        "benchmarks/bench_verdict_noise.py", args.argv, python=True
+    )
     meta = h.extended_meta({}, torch.device("cpu"), command)
     seconds = round(time.perf_counter() - start, 1)
     return {"meta": meta, "trials": args.trials, "seconds": seconds, "rows": rows}

@@ -1253,7 +1253,7 @@ def test_label_suggestions_seed_noise_keeps_its_own_machine_and_table(
     section = results["seed_noise"]
     assert len(section["runs"]) == 6
     assert section["meta"]["device_type"] == "cpu"
-    command = " ".join([script.COMMAND, *argv, f"--json={path}"])
+    command = " ".join(["python", script.SCRIPT, *argv, f"--json={path}"])
     assert section["meta"]["commands"] == [command]  # the argv given
     rows = {row[0]: row for row in script.seed_noise_rows(results)}
     # Changes of 1, 2 and 3 points: median 2, largest 3; the strategies'
@@ -1374,11 +1374,16 @@ def test_trust_prior_recipe_rows_take_the_refit_of_each_suspect_draw(bench):
     mended = {plan: {"test_error_percent": 0.9, "verdict": "ok"}}
     runs = {f"{d}/{plan}": _prior_run(d, 0.8, "ok") for d in range(180, 200)}
     runs[f"185/{plan}"] = _prior_run(185, 2.1, "suspect", mended)
-    runs[f"200/{plan}"] = _prior_run(200, 1.3, "ok")  # a second block
-    # A run of the suspect draws alone is no row of the recipe.
+    # A second block, refitted with --refit-all: its "ok" fit stays.
+    runs[f"200/{plan}"] = _prior_run(200, 1.3, "ok", {plan: mended[plan]})
+    # A rerun of suspect draws alone is no row of the recipe, nor are
+    # draws with a gap.
     for draw in (181, 187):
         runs[f"{draw}/labels x4, new"] = _prior_run(draw, 2.0, "suspect", {})
-    rows = script.recipe_rows({"runs": runs, "meta": {"commands": ["c"]}})
+    runs["184/labels x4, new"] = _prior_run(184, 2.0, "suspect", {})
+    for draw in (220, 222):
+        runs[f"{draw}/truth, new"] = _prior_run(draw, 0.7, "ok")
+    rows = script.recipe_rows({"runs": runs})
     assert [row[:3] for row in rows] == [
         [plan, "180-199", "1 / 1"],
         [plan, "200", "0 / 0"],
@@ -1387,6 +1392,24 @@ def test_trust_prior_recipe_rows_take_the_refit_of_each_suspect_draw(bench):
     # The draw's refit (0.9) replaced its failed fit (2.1): worst 0.9.
     assert rows[0][3:] == ["0.80", "0.90", "0 / 20"]
     assert rows[2][3:] == ["0.80", "1.30", "1 / 21"]
+    assert "0.90" in script.render({"runs": runs})  # no meta: no commands yet
+
+
+def test_trust_prior_estimates(bench):
+    script = bench("bench_trust_prior")
+    fit = type("Fit", (), {"classes_": np.arange(3)})()
+    fit.fit_report_ = FitReport(
+        "suspect",
+        predicted_shares={0: 0.6, 1: 0.4, 2: 0.0},  # class 2 collapsed away
+        expected_shares=dict.fromkeys(range(3), 1 / 3),
+    )
+    y = np.array([0, 0, 0, 1, 2])
+    np.testing.assert_allclose(script.prior_of("truth", fit, y), [0.6, 0.2, 0.2])
+    assert script.prior_of("labels", fit, y) == "uniform"
+    shares = script.prior_of("shares", fit, y)
+    assert shares.min() > 0 and np.isclose(shares.sum(), 1)
+    with pytest.raises(ValueError, match="'trth'"):
+        script.prior_of("trth", fit, y)
 
 
 def test_trust_prior_refits_suspect_fits_only_with_each_plans_settings(
@@ -1415,8 +1438,8 @@ def test_trust_prior_refits_suspect_fits_only_with_each_plans_settings(
             return np.zeros(len(X), int)
 
     monkeypatch.setattr("skassoc.SemiSupervisedAssociationClassifier", Fake)
-    y = np.repeat(np.arange(3), 12)
-    data = (np.zeros((36, 4)), y), (np.zeros((3, 4)), np.array([0, 1, 2]))
+    y = np.repeat(np.arange(3), [30, 12, 12])  # unequal: "truth" is not "labels"
+    data = (np.zeros((54, 4)), y), (np.zeros((3, 4)), np.array([0, 1, 2]))
     args = argparse.Namespace(
         max_iter=None, refit_all=False, plans=["labels x2, new", "truth, new"]
     )
@@ -1424,7 +1447,7 @@ def test_trust_prior_refits_suspect_fits_only_with_each_plans_settings(
     assert run["verdict"] == "suspect" and sorted(run["refits"]) == args.plans
     assert [p.get("balance_weight") for p in made] == [None, 10.0, 5.0]
     assert made[1]["class_prior"] == "uniform"
-    np.testing.assert_allclose(made[2]["class_prior"], [1 / 3] * 3)
+    np.testing.assert_allclose(made[2]["class_prior"], [30 / 54, 12 / 54, 12 / 54])
     assert {p["random_state"] for p in made} == {4}
     made.clear()
     monkeypatch.setattr(Fake, "fit", lambda self, X, y: _ok_fit(self))
