@@ -310,9 +310,11 @@ class SemiSupervisedAssociationClassifier(
         that class then gets more than its share, and this loss pulls the
         group back. It assumes the labeled samples' class shares (or the
         given frequencies) are those of the unlabeled data. It
-        is delayed and ramped with the walker and visit losses. Stacked
-        fits (:class:`~skassoc.model_selection.StackedGridSearchCV`) do not
-        take it.
+        is delayed and ramped with the walker and visit losses. Since it
+        pulls the predicted class shares toward the expected ones,
+        ``fit_report_``'s share check says less of a fit trained with it.
+        Stacked fits (:class:`~skassoc.model_selection.StackedGridSearchCV`)
+        do not take it.
     ema_decay : float, default=None
         When set, the fitted model takes an exponential moving average of
         the weights over training (decay per step, e.g. 0.999) instead of the

@@ -76,6 +76,11 @@ def bench(monkeypatch):
             [f"--json={RESULTS / 'label_suggestions_warm_20_draws_cpu.json'}"],
             "label_suggestions_warm_20_draws_cpu",
         ),
+        (
+            "bench_label_suggestions",
+            [f"--json={RESULTS / 'label_suggestions_warm_cpu.json'}"],
+            "label_suggestions_warm_cpu",
+        ),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
