@@ -1330,11 +1330,13 @@ def test_fit_predict_random_images(labeled_params, data, predict_shape):
     shape = X.shape[1:]
     expected_shape = (1, *shape) if len(shape) == 2 else shape
     assert clf.input_shape_ == expected_shape
-    big_enough = min(expected_shape[1:]) >= 8
-    small_image = big_enough and max(expected_shape[1:]) < 28
-    assert clf.network_ == (
-        ("small" if small_image else "mnist") if big_enough else "mlp"
-    )
+    height, width = expected_shape[1:]
+    big_enough = min(height, width) >= 8
+    small_image = big_enough and max(height, width) < 28
+    image_network = ("small" if small_image else "mnist") if big_enough else "mlp"
+    # One value high and at least 8 long: a signal (network="auto"'s rule).
+    signal = height == 1 and width >= 8
+    assert clf.network_ == ("signal" if signal else image_network)
     X_pred = {
         "same": X,
         "chw": X.reshape(len(X), *expected_shape),
