@@ -81,6 +81,11 @@ def bench(monkeypatch):
             [f"--json={RESULTS / 'label_suggestions_warm_cpu.json'}"],
             "label_suggestions_warm_cpu",
         ),
+        (
+            "bench_label_suggestions",
+            [f"--json={RESULTS / 'label_suggestions_warm_8_cpu.json'}"],
+            "label_suggestions_warm_8_cpu",
+        ),
     ],
 )
 def test_render_only_reproduces_the_committed_table(
