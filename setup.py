@@ -41,7 +41,8 @@ setup(
     install_requires=[
         "numpy>=1.23",
         "scikit-learn>=1.6",
-        # load_svhn reads MATLAB files (scikit-learn depends on it as well).
+        # Sparse inputs, fit_report_'s binomial and normal tails, and
+        # load_svhn's MATLAB files (scikit-learn depends on it as well).
         "scipy>=1.9",
         # 2.6 fixed a code-execution bypass of torch.load(weights_only=True)
         # (CVE-2025-32434); model files no longer use torch.load, but a user's

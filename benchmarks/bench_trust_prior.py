@@ -37,6 +37,8 @@ import _harness as h
 import numpy as np
 from bench_trust import FAILING_ABOVE, draw_spans, parse_draws
 
+from skassoc._diagnosis import largest_excess
+
 #: The recipe the first fits use.
 RECIPE = "fast"
 #: The test error (%) that a recipe which does not fail must not exceed
@@ -81,52 +83,62 @@ def _shares(report):
     return np.array(list(report.predicted_shares.values()), dtype=float)
 
 
+def _positive(prior):
+    """``prior`` as frequencies that ``class_prior`` takes: none 0 (a class
+    that a fit never predicts gets a small share), summing to 1."""
+    prior = np.clip(prior, 1e-3, None)
+    return prior / prior.sum()
+
+
+def _surplus_moved(report, destination):
+    """The report's predicted shares, with the surplus of the class of the
+    largest excess over its expected share moved to the other classes in
+    the proportions ``destination(worst)`` gives (its ``worst`` entry 0)."""
+    shares = _shares(report)
+    expected = np.array(list(report.expected_shares.values()), dtype=float)
+    worst = largest_excess(shares, expected)
+    surplus = max(shares[worst] - expected[worst], 0.0)
+    prior = shares + surplus * destination(worst)
+    prior[worst] -= surplus
+    return _positive(prior)
+
+
 def cut_prior(report):
     """The report's predicted shares, with the class of the largest excess
     cut to its expected share and the surplus spread over the other classes
     in proportion to their predicted shares."""
     shares = _shares(report)
-    expected = np.array(list(report.expected_shares.values()), dtype=float)
-    worst = int(np.argmax(shares - expected))
-    surplus = max(shares[worst] - expected[worst], 0.0)
-    others = np.arange(len(shares)) != worst
-    prior = shares.copy()
-    prior[worst] -= surplus
-    prior[others] += surplus * shares[others] / shares[others].sum()
-    return prior / prior.sum()
+
+    def in_proportion(worst):
+        others = np.where(np.arange(len(shares)) == worst, 0.0, shares)
+        return others / others.sum()
+
+    return _surplus_moved(report, in_proportion)
 
 
 def inputs_prior(clf, X, y_semi, seed):
     """The fit's predicted shares, with the surplus of the class of the
     largest excess (over its expected share) moved to the classes that the
     labels spread over the inputs give that class's predictions where they
-    disagree with it, in proportion to how often each is given there."""
+    disagree with it, in proportion to how often each is given there (as
+    :func:`cut_prior` where the labels cannot spread)."""
     from skassoc._input_view import spread_labels
 
     rng = np.random.default_rng(seed)
     labeled = np.flatnonzero(y_semi >= 0)
-    unlabeled = np.sort(
-        rng.choice(
-            np.flatnonzero(y_semi < 0),
-            min(INPUT_SAMPLES, int(np.sum(y_semi < 0))),
-            replace=False,
-        )
-    )
+    pool = np.flatnonzero(y_semi < 0)
+    unlabeled = np.sort(rng.choice(pool, min(INPUT_SAMPLES, len(pool)), replace=False))
     encoded = np.searchsorted(clf.classes_, y_semi[labeled])
     spread = spread_labels(lambda i: X[i], labeled, encoded, unlabeled, seed)
-    predicted = np.searchsorted(clf.classes_, clf.predict(X[unlabeled]))
-    shares = _shares(clf.fit_report_)
-    expected = np.array(list(clf.fit_report_.expected_shares.values()), dtype=float)
-    worst = int(np.argmax(shares - expected))
-    if spread is None:  # the labels cannot spread: no class to move the surplus to
+    if spread is None:
         return cut_prior(clf.fit_report_)
-    there = spread[(predicted == worst) & (spread != worst) & (spread >= 0)]
-    where = np.bincount(there, minlength=len(shares)) / max(len(there), 1)
-    surplus = max(shares[worst] - expected[worst], 0.0)
-    prior = shares + surplus * where
-    prior[worst] -= surplus
-    prior = np.clip(prior, 1e-3, None)  # class_prior takes no 0
-    return prior / prior.sum()
+    predicted = np.searchsorted(clf.classes_, clf.predict(X[unlabeled]))
+
+    def where_the_inputs_point(worst):
+        there = spread[(predicted == worst) & (spread != worst) & (spread >= 0)]
+        return np.bincount(there, minlength=len(clf.classes_)) / max(len(there), 1)
+
+    return _surplus_moved(clf.fit_report_, where_the_inputs_point)
 
 
 def prior_of(name, clf, y, X=None, y_semi=None, seed=0):
@@ -141,9 +153,7 @@ def prior_of(name, clf, y, X=None, y_semi=None, seed=0):
     if name == "inputs":
         return inputs_prior(clf, X, y_semi, seed)
     if name == "shares":
-        # A fit that collapsed predicts some classes never: class_prior takes no 0.
-        shares = np.clip(_shares(clf.fit_report_), 1e-3, None)
-        return shares / shares.sum()
+        return _positive(_shares(clf.fit_report_))
     if name == "truth":
         return np.bincount(y, minlength=len(clf.classes_)) / len(y)
     raise ValueError(f"Unknown class-share estimate {name!r}.")

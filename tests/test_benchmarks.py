@@ -1480,3 +1480,97 @@ def test_results_record_each_argument_as_a_shell_reads_it(bench, tmp_path):
     command = results["meta"]["commands"][-1]
     assert shlex.split(command)[2:] == argv
     assert command.endswith("bench_x.py --plans 'labels x2, new' --draws 2,3")
+
+
+def test_trust_prior_inputs_moves_the_surplus_where_the_inputs_point(
+    bench, monkeypatch
+):
+    script = bench("bench_trust_prior")
+    fit = type("Fit", (), {"classes_": np.arange(3)})()
+    fit.fit_report_ = FitReport(
+        "suspect",
+        predicted_shares={0: 0.5, 1: 0.3, 2: 0.2},
+        expected_shares=dict.fromkeys(range(3), 1 / 3),
+    )
+    fit.predict = lambda X: np.zeros(len(X), int)  # every sample in class 0
+    # The inputs give class 0's predictions to class 2 (and 0): all its
+    # surplus goes to 2, none to 1.
+    spread = lambda features, labeled, y, unlabeled, seed: unlabeled % 2 * 2  # noqa: E731
+    monkeypatch.setattr("skassoc._input_view.spread_labels", spread)
+    y_semi = np.array([0, 1, 2] + [-1] * 10)
+    prior = script.inputs_prior(fit, np.zeros((13, 2)), y_semi, seed=0)
+    np.testing.assert_allclose(prior, [1 / 3, 0.3, 0.2 + 0.5 - 1 / 3])
+    monkeypatch.setattr("skassoc._input_view.spread_labels", lambda *a: None)
+    np.testing.assert_allclose(
+        script.inputs_prior(fit, np.zeros((13, 2)), y_semi, seed=0),
+        script.cut_prior(fit.fit_report_),
+    )
+
+
+def _by_key(name):
+    return json.loads((RESULTS / f"{name}.json").read_text())["runs"]
+
+
+def _same_first_fits(loop, new, dataset=None):
+    runs = [(k, r) for k, r in _by_key(loop).items() if dataset in (None, r["dataset"])]
+    first = _by_key(new)
+    return sum(r["accuracy"] == first[k]["accuracy"] for k, r in runs), len(runs)
+
+
+def _continued_against_new(loop, new, dataset):
+    """Draws where the loop's suggested refit ended above, level, below the
+    new fit's, on ``dataset``."""
+    first = _by_key(new)
+    signs = [
+        np.sign(
+            r["refits"]["association"]["accuracy"]
+            - first[k]["refits"]["association"]["accuracy"]
+        )
+        for k, r in _by_key(loop).items()
+        if r["dataset"] == dataset
+    ]
+    return [signs.count(s) for s in (1, 0, -1)]
+
+
+def test_trust_page_comparisons_of_two_results_files_hold():
+    """The trust page compares the loop's refits with the new fits of other
+    files; its counts are read from those files."""
+    page = (ROOT / "docs/benchmarks/trust.rst").read_text()
+    text = " ".join(page.split())
+    warm, warm_20 = "label_suggestions_warm_cpu", "label_suggestions_warm_20_draws_cpu"
+    new, new_20 = "label_suggestions_cpu", "label_suggestions_20_draws_cpu"
+    assert _same_first_fits(warm, new) == (69, 70)
+    assert "69 of the 70 first fits equal" in text
+    assert _same_first_fits("label_suggestions_warm_8_cpu", new) == (40, 80)
+    for dataset in ("mnist", "synthetic-digits"):
+        assert _same_first_fits("label_suggestions_warm_8_cpu", new, dataset)[0] == 0
+    assert (
+        "40 of the 80 first fits equal the first table's, "
+        "none on mnist and synthetic-digits" in text
+    )
+    assert _continued_against_new(warm_20, new_20, "optdigits-8x8")[0] == 17
+    assert _continued_against_new(warm_20, new_20, "semeion-16x16")[2] == 13
+    assert (
+        "ahead on 17 of the 20 draws of optdigits-8x8 and behind on 13 of the 20"
+        in text
+    )
+    assert _continued_against_new(warm, new, "winequality-red")[2] == 9
+    assert "behind on 9 of the 10 of winequality-red" in text
+
+
+def test_trust_page_weight_20_refits_all_end_above_weight_10():
+    """The trust page: every refit at balance weight 20 ended above the
+    one at 10 of the same draw."""
+    x2, x4 = {}, {}
+    for run in _by_key("trust_prior_cuda").values():
+        for plan, errors in (("labels x2, new", x2), ("labels x4, new", x4)):
+            if plan in run["refits"]:
+                errors.setdefault(run["draw"], []).append(
+                    run["refits"][plan]["test_error_percent"]
+                )
+    pairs = [(a, b) for d in x2.keys() & x4.keys() for a in x2[d] for b in x4[d]]
+    assert len(pairs) >= 16 and all(b > a for a, b in pairs)
+    page = (ROOT / "docs/benchmarks/trust.rst").read_text()
+    assert "At 20 every refit ended above the one at 10 on the same draw." in " ".join(
+        page.split()
+    )
